@@ -1,0 +1,62 @@
+"""`dspark doctor`: platform, MLX device, which BLAS is bound, and measured sgemm speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+# Below this the reference BLAS is almost certainly in use (it gives about 3 GFLOP/s; BLIS ~185).
+SLOW_GFLOPS = 20.0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="check the platform, the BLAS MLX uses and its speed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def collect() -> dict:
+    """Facts for the report, including a fresh sgemm measurement."""
+    from engine import backend
+
+    info = backend.platform_summary()
+    info["mapped_blas"] = backend.mapped_blas_libraries()
+    info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
+    info["warnings"] = warnings(info)
+    return info
+
+
+def warnings(info: dict) -> list[str]:
+    """Human-readable problems with their fixes."""
+    from engine.backend import FIX_HINT
+
+    out = []
+    if sys.platform.startswith("linux") and info["sgemm_gflops"] < SLOW_GFLOPS:
+        out.append(
+            f"sgemm runs at {info['sgemm_gflops']} GFLOP/s: MLX is using the slow reference BLAS "
+            f"({info['blas_reason']}). Fix: {FIX_HINT}."
+        )
+    if info["device"].startswith("Device(cpu") and sys.platform == "darwin":
+        out.append("MLX runs on the CPU on macOS; Metal should be available on Apple Silicon.")
+    return out
+
+
+def run(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rows = [
+        ("platform", info["platform"]),
+        ("python", info["python"]),
+        ("mlx", f"{info['mlx']} on {info['device']}"),
+        ("cores", info["cores"]),
+        ("blas", f"{info['blas']}" + (f" ({info['blas_path']}, {info['blas_threads']} threads)" if info["blas_path"] else "")),
+        ("blas note", info["blas_reason"]),
+        ("sgemm 1024^3 fp32", f"{info['sgemm_gflops']} GFLOP/s"),
+    ]
+    for key, value in rows:
+        print(f"{key:>18}: {value}")
+    for warning in info["warnings"]:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    return 0

@@ -1,0 +1,82 @@
+"""Resolve and load a target model: the embedded default, a local mlx-lm directory, or a HF id."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.loading.default_model import ensure_default_model
+from engine.loading.gguf import ProgressFn
+
+log = logging.getLogger(__name__)
+
+# What an mlx-lm model directory needs; weights are *.safetensors.
+_HF_PATTERNS = ["*.json", "*.safetensors", "*.py", "*.jinja", "tokenizer.model", "*.tiktoken", "*.txt"]
+
+
+class ModelNotFoundError(ValueError):
+    """The model spec is neither a local directory nor a reachable Hugging Face repository."""
+
+
+def _looks_like_hf_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def download_hf_snapshot(repo_id: str, allow_patterns: list[str]) -> Path:
+    """Local snapshot of a Hugging Face repository; a clear ModelNotFoundError when unreachable."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=allow_patterns))
+    except LocalEntryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"'{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline, or HF_HUB_OFFLINE=1). Download it once with network access, or pass a local "
+            "model directory."
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"Hugging Face repository '{repo_id}' does not exist or is private") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"could not download '{repo_id}' from the Hugging Face Hub: {exc}") from exc
+
+
+def resolve_model_path(spec: str | None, progress: ProgressFn | None = None) -> Path:
+    """Directory of the model: None -> the embedded default, a local path, or a HF id download."""
+    if spec is None or spec in ("", "default"):
+        return ensure_default_model(progress)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} has no config.json; not an mlx-lm model directory")
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{path} is a file; pass the model directory")
+    if not _looks_like_hf_id(spec):
+        raise ModelNotFoundError(f"'{spec}' is neither a local directory nor a Hugging Face id (org/name)")
+    return download_hf_snapshot(spec, _HF_PATTERNS)
+
+
+def prefer_float32_on_cpu(model: nn.Module) -> None:
+    """Cast floating weights to float32 on the CPU device.
+
+    On MLX's CPU backend only float32 matmuls reach the BLAS; fp16/bf16 run 40x slower. Quantized
+    weights (uint32) stay quantized; only their scales and biases become float32.
+    """
+    if mx.default_device() == mx.cpu:
+        model.set_dtype(mx.float32)
+
+
+def load_target(spec: str | None, progress: ProgressFn | None = None):
+    """Load (model, tokenizer, path) for `spec` through mlx-lm, float32 on the CPU."""
+    from mlx_lm.utils import load
+
+    path = resolve_model_path(spec, progress)
+    model, tokenizer = load(str(path))
+    prefer_float32_on_cpu(model)
+    mx.eval(model.parameters())
+    return model, tokenizer, path

@@ -1,0 +1,1 @@
+"""Model code: the target wrapper and the DSpark / DFlash drafters."""

@@ -1,0 +1,28 @@
+"""Shared fixtures. Importing `engine` first loads the fast BLAS before anything imports MLX."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a model hub
+
+import engine  # noqa: E402,F401
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The converted SmolLM2-135M-Instruct directory (prepared by the test command's bootstrap)."""
+    from engine.loading.default_model import default_model_dir, is_prepared
+
+    path = default_model_dir()
+    if not is_prepared(path):
+        pytest.fail(f"default model not prepared at {path}: run `dspark prepare` (`make test` does it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_target(default_model_dir):
+    """(model, tokenizer) of the default model, float32, loaded once per session."""
+    from engine.loading.target import load_target
+
+    model, tokenizer, _ = load_target(str(default_model_dir))
+    return model, tokenizer
