@@ -1,57 +1,67 @@
-"""`dspark generate`: decode one prompt on the target from the command line.
-
-For now this is plain greedy decoding through mlx-lm; the speculative engine replaces it.
-"""
+"""`dspark generate`: decode one prompt with any mode and sampler from the command line."""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 from dspark_cli.progress import stderr_progress
+from dspark_cli.spec_args import add_spec_args, engine_config
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt")
-    p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
-    p.add_argument("--model", default=None, help="mlx-lm model directory or Hugging Face id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--max-tokens", type=int, default=256, help="maximum tokens to generate")
+    p.add_argument("--prompt", required=True, help="the user message (raw text with --raw)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-tokens", type=int, default=256, help="maximum tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
+    add_spec_args(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from engine.loading.target import load_target  # engine first: it loads the BLAS before MLX
+    from engine.api import Finished, GenerationRequest, SamplingParams
+    from engine.runtime import build_runtime
+    from engine.text import apply_chat_template
+    from engine.worker import run_request
 
-    import mlx.core as mx
-
-    model, tokenizer, _ = load_target(args.model, stderr_progress)
-    from mlx_lm.generate import stream_generate
-
+    runtime = build_runtime(engine_config(args), stderr_progress)
+    tok = runtime.tokenizer
     if args.raw:
-        prompt = tokenizer.encode(args.prompt)
+        prompt = list(tok.encode(args.prompt))
     else:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
-    t0 = time.perf_counter()
-    text, tokens, last = "", [], None
-    for last in stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens, sampler=lambda x: mx.argmax(x, axis=-1)):
-        text += last.text
-        tokens.append(int(last.token))
+        prompt = apply_chat_template(tok, [{"role": "user", "content": args.prompt}])
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              min_p=args.min_p, seed=args.seed, sampler=args.sampler)
+    request = GenerationRequest("cli", tuple(prompt), args.max_tokens, sampling)
+    text, tokens = [], []
+
+    def emit(event) -> None:
+        tokens.extend(event.token_ids)
+        text.append(event.text)
         if not args.json:
-            sys.stdout.write(last.text)
+            sys.stdout.write(event.text)
             sys.stdout.flush()
-    stats = {
-        "prompt_tokens": len(prompt),
-        "generated_tokens": len(tokens),
-        "decode_tokens_per_s": round(last.generation_tps, 2) if last else 0.0,
-        "wall_s": round(time.perf_counter() - t0, 3),
-        "finish_reason": (last.finish_reason if last else None) or "length",
-    }
+
+    t0 = time.perf_counter()
+    result = run_request(runtime, request, threading.Event(), emit)
+    wall = time.perf_counter() - t0
+    if not isinstance(result, Finished):
+        print(f"error: {result.error}", file=sys.stderr)
+        return 1
+    text.append(result.text)
+    summary = {"finish_reason": result.reason, "prompt_tokens": len(prompt), "wall_s": round(wall, 3),
+               "model": runtime.info.model_id, "drafter": runtime.info.drafter, **result.stats.as_dict()}
     if args.json:
-        print(json.dumps({"text": text, "tokens": tokens, **stats}))
+        print(json.dumps({"text": "".join(text), "tokens": tokens, **summary}))
     else:
-        print()
-        print(json.dumps(stats), file=sys.stderr)
+        print(result.text)
+        print(json.dumps(summary), file=sys.stderr)
     return 0

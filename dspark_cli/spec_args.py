@@ -1,0 +1,52 @@
+"""Model and speculative-decoding flags shared by `generate`, `serve` and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def max_draft_value(text: str) -> int | str:
+    """`auto` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a positive integer or 'auto'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer or 'auto'")
+    return value
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """--model, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization."""
+    env = os.environ.get
+    p.add_argument("--model", default=env("DSPARK_MODEL"),
+                   help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct [env DSPARK_MODEL]")
+    p.add_argument("--drafter", default=env("DSPARK_DRAFTER"),
+                   help="drafter directory or Hugging Face id; default: the shipped/published one [env DSPARK_DRAFTER]")
+    p.add_argument("--mode", choices=["dspark", "dflash", "baseline"], default=env("DSPARK_MODE", "dspark"),
+                   help="decoding mode [env DSPARK_MODE]")
+    p.add_argument("--sampler", choices=["rejection", "seed-stable"], default=env("DSPARK_SAMPLER", "rejection"),
+                   help="lossless sampler for temperature > 0 [env DSPARK_SAMPLER]")
+    p.add_argument("--max-draft", type=max_draft_value, default=max_draft_value(env("DSPARK_MAX_DRAFT", "auto")),
+                   help="drafts verified per round: N or auto (measured cost model) [env DSPARK_MAX_DRAFT]")
+    p.add_argument("--confidence-threshold", type=float, default=_float(env("DSPARK_CONFIDENCE_THRESHOLD")),
+                   help="stop drafting when the prefix survival falls below this [env DSPARK_CONFIDENCE_THRESHOLD]")
+    p.add_argument("--drafter-quantization", choices=["bf16", "8bit", "4bit"], default=env("DSPARK_DRAFTER_QUANTIZATION"),
+                   help="quantize the drafter (lossless; may change acceptance) [env DSPARK_DRAFTER_QUANTIZATION]")
+
+
+def _float(text: str | None) -> float | None:
+    return None if text in (None, "") else float(text)
+
+
+def engine_config(args, max_queue: int = 16):
+    """EngineConfig from parsed flags."""
+    from engine.api import EngineConfig, SpecConfig
+
+    spec = SpecConfig(mode=args.mode, drafter=args.drafter, max_draft=args.max_draft,
+                      confidence_threshold=args.confidence_threshold, sampler=args.sampler,
+                      drafter_quantization=args.drafter_quantization)
+    return EngineConfig(model=args.model, spec=spec, max_queue=max_queue)

@@ -1,0 +1,217 @@
+"""Public types of the engine: configuration, requests, events and errors. Dataclasses only.
+
+Vocabulary (vLLM's words, used throughout the engine):
+    target    the model whose output we promise (verified every round)
+    drafter   the small model that proposes a block of tokens from the target's hidden states
+    round     one draft -> verify -> accept -> roll back cycle
+    k         number of draft tokens verified in a round (`num_draft_tokens`)
+    accepted  draft tokens the accept rule kept
+    recovered the token sampled from the residual distribution after a rejection
+    bonus     the extra target token after all k drafts were accepted
+
+Every request produces zero or more `TokenEvent`s (one per round) and then exactly one terminal
+event: `Finished` or `Failed`. Nothing raises across the worker thread boundary; errors are values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Mode = Literal["dspark", "dflash", "baseline"]
+SamplerName = Literal["rejection", "seed-stable"]
+FinishReason = Literal["stop", "length"]
+
+MODES: tuple[str, ...] = ("dspark", "dflash", "baseline")
+SAMPLERS: tuple[str, ...] = ("rejection", "seed-stable")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request. `temperature` <= 1e-5 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None  # None: the engine draws a fresh seed per request
+    sampler: SamplerName | None = None  # None: the engine's configured default
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation: prompt token ids in, at most `max_tokens` new tokens out."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()  # stop strings; the matched string is not emitted
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS ids
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding settings of the engine."""
+
+    mode: Mode = "dspark"
+    drafter: str | None = None  # path or HF id; None: shipped/published drafter for the target
+    max_draft: int | Literal["auto"] = "auto"  # cap on drafts verified per round
+    confidence_threshold: float | None = None  # stop drafting once the prefix survival < theta
+    sampler: SamplerName = "rejection"  # default lossless sampler for temperature > 0
+    drafter_quantization: str | None = None  # None, "bf16", "8bit", "4bit"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine worker needs to start."""
+
+    model: str | None = None  # mlx-lm directory or HF id; None: the embedded default
+    spec: SpecConfig = SpecConfig()
+    max_queue: int = 16  # requests waiting beyond the running one; more are refused (overloaded)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What is being served, for /v1/models and /health."""
+
+    model_id: str
+    model_path: str
+    mode: Mode
+    drafter: str | None
+    cap: int | None  # effective draft cap (the auto choice once measured); None for baseline
+    context_length: int
+    sampler: SamplerName
+
+
+@dataclass
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative statistics."""
+
+    mode: Mode
+    cap: int | None
+    rounds: int = 0
+    drafted_tokens: int = 0  # draft tokens sent to verification
+    accepted_tokens: int = 0  # of those, accepted
+    accepted_by_position: list[int] = field(default_factory=list)  # [cap] accepted at slot i
+    verified_by_position: list[int] = field(default_factory=list)  # [cap] verified at slot i
+    time_prefill_s: float = 0.0
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_other_s: float = 0.0
+    generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
+    round_tokens: int = 0  # tokens committed by rounds (excludes the prefill token)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per round (accepted drafts + the recovered/bonus token), tau."""
+        return self.round_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Conditional acceptance rate at each draft slot (accepted / verified)."""
+        return [a / v if v else 0.0 for a, v in zip(self.accepted_by_position, self.verified_by_position)]
+
+    @property
+    def decode_time_s(self) -> float:
+        """Time spent after prefill."""
+        return self.time_draft_s + self.time_verify_s + self.time_other_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of decode time (prefill excluded)."""
+        return self.generated_tokens / self.decode_time_s if self.decode_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict including the derived rates."""
+        return {
+            "mode": self.mode,
+            "cap": self.cap,
+            "rounds": self.rounds,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "generated_tokens": self.generated_tokens,
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "time_prefill_s": round(self.time_prefill_s, 4),
+            "time_draft_s": round(self.time_draft_s, 4),
+            "time_verify_s": round(self.time_verify_s, 4),
+            "time_other_s": round(self.time_other_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+        }
+
+
+@dataclass
+class TokenEvent:
+    """Tokens committed in one round and the text they released (may be empty: held back)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Finished:
+    """Terminal event: the request completed."""
+
+    reason: FinishReason
+    usage: Usage
+    stats: SpecStats
+    text: str = ""  # any text released at the end (held-back bytes, flushed stop candidates)
+
+
+@dataclass
+class Failed:
+    """Terminal event: the request failed."""
+
+    error: EngineError
+
+
+Event = Union[TokenEvent, Finished, Failed]
+
+
+class EngineError(Exception):
+    """Base class of engine errors; `code` is a short machine-readable reason."""
+
+    code = "engine_error"
+
+
+class EngineInputError(EngineError, ValueError):
+    """The request cannot be served as given (a client error)."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class ContextLengthExceeded(EngineInputError):
+    """Prompt plus max_tokens exceed the model's context window."""
+
+    code = "context_length_exceeded"
+
+
+class EngineOverloaded(EngineError):
+    """The admission queue is full; retry later."""
+
+    code = "overloaded"
+
+
+class EngineDead(EngineError):
+    """The engine worker stopped or failed to load; nothing can be served."""
+
+    code = "engine_dead"
+
+
+class EngineNotReady(EngineError):
+    """The engine is still loading models."""
+
+    code = "engine_loading"

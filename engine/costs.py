@@ -1,0 +1,105 @@
+"""Measured round-cost curve T(l) for the `auto` draft length, cached per machine and model.
+
+Verifying l drafts costs one target forward over l + 1 tokens plus the drafter's pass; on a CPU
+that cost grows with l (about 2.2x at l = 7 with BLIS), so the best cap depends on the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from engine.backend import STATE as BLAS
+from engine.loading.default_model import cache_root
+from engine.scheduler import CostCurve
+
+log = logging.getLogger(__name__)
+
+CONTEXT = 128  # tokens already in the cache while timing (typical chat context)
+REPEATS = 5
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def curve_key(model_path: str, drafter_id: str, max_len: int) -> str:
+    """Cache key: machine (CPU, cores, BLAS), model, drafter, dtype and MLX version."""
+    parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, mx.__version__,
+             str(Path(model_path).resolve()), drafter_id, "float32", str(max_len)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _best_time(fn) -> float:
+    fn()  # warm-up: first shapes pay for allocation
+    best = float("inf")
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_curve(target, drafter, max_len: int) -> CostCurve:
+    """Time target forwards over 1..max_len+1 tokens and the drafter's backbone and head."""
+    from engine.models.target import trim_cache
+
+    cache = target.make_cache()
+    mx.eval(target.forward(mx.array([[1] * CONTEXT]), cache)[0])
+    verify = []
+    for n in range(1, max_len + 2):
+        ids = mx.array([[2] * n])
+
+        def step(ids=ids, n=n):
+            mx.eval(target.forward(ids, cache))
+            trim_cache(cache, n)
+
+        verify.append(_best_time(step))
+    fixed, per_token = _drafter_costs(drafter, target)
+    return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token)
+
+
+def _drafter_costs(drafter, target) -> tuple[float, float]:
+    cfg = drafter.config
+    dcache = drafter.make_cache()
+    ctx = mx.zeros((1, CONTEXT, cfg.num_taps * cfg.hidden_size))
+    drafter.append_context(ctx, dcache)
+    block = mx.array([[1] + [cfg.mask_token_id] * (cfg.block_size - 1)])
+    fixed = _best_time(lambda: mx.eval(drafter.backbone(None, block, dcache)))
+    h = mx.zeros((cfg.hidden_size,))
+
+    def one_position():
+        row = drafter.base_logits(h)
+        if drafter.has_markov:
+            row = row + drafter.markov_bias(mx.array([3]))[0]
+        mx.argmax(row).item()
+
+    return fixed, _best_time(one_position)
+
+
+def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: int) -> CostCurve:
+    """Cached curve for this machine/model/drafter, measured (a few seconds) when absent."""
+    path = cache_root() / "costs" / f"{curve_key(model_path, drafter_id, max_len)}.json"
+    if path.exists():
+        raw = json.loads(path.read_text())
+        return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}))
+    log.info("measuring the round-cost curve for auto draft length (once per machine and model)")
+    curve = measure_curve(target, drafter, max_len)
+    curve.meta = {"model": model_path, "drafter": drafter_id, "blas": BLAS.name, "mlx": mx.__version__}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.__dict__, indent=2))
+    tmp.replace(path)
+    return curve

@@ -1,0 +1,407 @@
+"""DSpark / DFlash drafter in MLX: parallel backbone, Markov head, confidence head (spec §1.2-1.4, §2).
+
+One `Drafter` serves both checkpoint layouts. Per round, with batch size 1 (shapes: d = hidden,
+m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
+
+    cache = drafter.make_cache()                   # once per request: context K/V only
+    h = drafter.backbone(ctx_new, block_ids, cache)  # ctx_new [1, c, m*d], block_ids [1, B] -> [1, B, d]
+    hd = drafter.draft_hidden(h)[0]                # [max_drafts, d]; row k-1 drafts position p + k
+    U = drafter.base_logits(hd[k-1])               # [V]
+    bias = drafter.markov_bias(prev_ids)           # [n, V], prev = anchor for k = 1, else x_{k-1}
+    z = drafter.confidence_logits(hd, prev_ids)    # [n], pre-sigmoid (the engine applies STS)
+
+``block_ids`` is ``[anchor, mask, ..., mask]`` at absolute positions ``[p, p+B)`` where
+``p = cache_len + c``; ``ctx_new`` holds the target taps of positions ``[cache_len, p)``.
+Slot convention (the most likely bug, spec §2.5): DeepSpec slot j predicts ``p + j + 1`` (rows
+0..B-1), z-lab DFlash slot i >= 1 predicts ``p + i`` (rows 1..B-1). `draft_hidden` applies it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from engine.models.drafter_config import DrafterConfig
+
+ArrayFn = Callable[[mx.array], mx.array]
+QUANTIZE_MODES = (None, "bf16", "8bit", "4bit")
+
+
+def _split_heads(x: mx.array, n_heads: int) -> mx.array:
+    # [1, L, n*hd] -> [1, n, L, hd]
+    b, length, _ = x.shape
+    return x.reshape(b, length, n_heads, -1).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(x: mx.array) -> mx.array:
+    # [1, n, L, hd] -> [1, L, n*hd]
+    b, _, length, _ = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, length, -1)
+
+
+class DrafterAttention(nn.Module):
+    """Qwen3-style GQA attention whose keys/values are [cached context ; block], queries block only."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        d, hd, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.scale = hd**-0.5
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+        self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+
+    def project_kv(self, x: mx.array, rope: nn.Module, offset: int) -> tuple[mx.array, mx.array]:
+        """K/V of ``x`` [1, L, d] at positions [offset, offset+L): post-k_norm, post-RoPE [1, Hkv, L, hd]."""
+        keys = self.k_norm(_split_heads(self.k_proj(x), self.n_kv_heads))
+        values = _split_heads(self.v_proj(x), self.n_kv_heads)
+        return rope(keys, offset=offset), values
+
+    def project_q(self, x: mx.array, rope: nn.Module, offset: int) -> mx.array:
+        """Queries of ``x`` [1, L, d] at positions [offset, offset+L): [1, H, L, hd]."""
+        return rope(self.q_norm(_split_heads(self.q_proj(x), self.n_heads)), offset=offset)
+
+    def __call__(self, x: mx.array, ctx_kv: tuple[mx.array, mx.array] | None, rope: nn.Module,
+                 offset: int) -> mx.array:
+        # x: [1, B, d] normed block stream at positions [offset, offset+B)
+        queries = self.project_q(x, rope, offset)
+        keys, values = self.project_kv(x, rope, offset)
+        if ctx_kv is not None:
+            keys = mx.concatenate([ctx_kv[0], keys], axis=2)  # [1, Hkv, P+B, hd]
+            values = mx.concatenate([ctx_kv[1], values], axis=2)
+        # No mask: the block is bidirectional and sees every cached context position (< offset).
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale)
+        return self.o_proj(_merge_heads(out))
+
+
+class DrafterMLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    """Pre-norm decoder layer; context features bypass input_layernorm (spec §1.2)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = DrafterMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def append_context(self, ctx_h: mx.array, cache: KVCache, rope: nn.Module) -> None:
+        """Project ``ctx_h`` [1, c, d] (already fc + hidden_norm) to K/V at the cache's next positions."""
+        keys, values = self.self_attn.project_kv(ctx_h, rope, cache.offset)
+        cache.update_and_fetch(keys, values)
+
+    def __call__(self, x: mx.array, cache: KVCache, rope: nn.Module, offset: int) -> mx.array:
+        ctx_kv = cache.keys_and_values() if cache.offset > 0 else None
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, rope, offset)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MarkovHead(nn.Module):
+    """Sequential bias B(x_{k-1}, .) added to the base logits (spec §1.3)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        v, r, d = cfg.vocab_size, cfg.markov_rank, cfg.hidden_size
+        self.kind = cfg.markov_head_type
+        self.markov_w1 = nn.Embedding(v, r)  # weight [V, r]
+        self.markov_w2 = nn.Linear(r, v, bias=False)  # weight [V, r]
+        if self.kind == "gated":
+            self.gate_proj = nn.Linear(d + r, r)  # input [h ; W1[prev]]
+        elif self.kind == "rnn":
+            self.joint_proj = nn.Linear(2 * r + d, 3 * r)  # input [s ; W1[prev] ; h] -> gate, cand, out
+
+    def step(self, prev_ids: mx.array, h: mx.array | None,
+             state: mx.array | None) -> tuple[mx.array, mx.array | None]:
+        """Bias [n, V] for previous tokens ``prev_ids`` [n]; ``h`` [n, d] and ``state`` [n, r] if needed."""
+        emb = self.markov_w1(prev_ids)  # [n, r]
+        if self.kind == "vanilla":
+            return self.markov_w2(emb), state
+        if h is None:
+            raise ValueError(f"the {self.kind} Markov head needs the backbone hidden state h")
+        h = h.astype(emb.dtype)
+        if self.kind == "gated":
+            gate = mx.sigmoid(self.gate_proj(mx.concatenate([h, emb], axis=-1)))
+            return self.markov_w2(gate * emb), state
+        if state is None:
+            state = mx.zeros(emb.shape, dtype=emb.dtype)
+        gate, cand, out = mx.split(self.joint_proj(mx.concatenate([state, emb, h], axis=-1)), 3, axis=-1)
+        gate = mx.sigmoid(gate)
+        new_state = gate * state + (1.0 - gate) * mx.tanh(cand)
+        return self.markov_w2(mx.tanh(out)), new_state
+
+
+class ConfidenceHead(nn.Module):
+    """c_k = sigmoid(w . [h_k ; W1[x_{k-1}]] + b); this module returns the logit (spec §1.4)."""
+
+    def __init__(self, in_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(in_dim, 1)
+
+    def __call__(self, features: mx.array) -> mx.array:
+        return self.proj(features).squeeze(-1)
+
+
+class Drafter(nn.Module):
+    """DSpark (DeepSpec) or DFlash (z-lab) drafter; parameter names match the checkpoints 1:1."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        d = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_taps * d, d, bias=False)
+        self.hidden_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.layers = [DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        if cfg.owns_embeddings:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
+            if not cfg.tie_word_embeddings:
+                self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        if cfg.markov_rank > 0:
+            self.markov_head = MarkovHead(cfg)
+        if cfg.enable_confidence_head:
+            extra = cfg.markov_rank if cfg.confidence_head_with_markov else 0
+            self.confidence_head = ConfidenceHead(d + extra)
+        # Plain attributes (not Module children): no parameters, never saved or quantized.
+        object.__setattr__(self, "config", cfg)
+        object.__setattr__(self, "_rope", initialize_rope(
+            cfg.head_dim, base=cfg.rope_theta, traditional=False, scaling_config=cfg.rope_scaling,
+            max_position_embeddings=cfg.max_position_embeddings))
+        object.__setattr__(self, "_target_embed", None)
+        object.__setattr__(self, "_target_lm_head", None)
+
+    # ------------------------------------------------------------ target binding
+
+    def bind_target(self, embed_fn: ArrayFn, lm_head_fn: ArrayFn) -> Drafter:
+        """Use the target's embedding (ids -> [.., d]) and lm_head ([.., d] -> [.., V]).
+
+        Required for z-lab DFlash (and legacy DSpark checkpoints without their own copies). Pass
+        the target's ``embed_tokens`` module and its ``lm_head`` (``embed_tokens.as_linear`` when
+        tied). Stored as plain attributes, so they never show up in `parameters()`.
+        """
+        object.__setattr__(self, "_target_embed", embed_fn)
+        object.__setattr__(self, "_target_lm_head", lm_head_fn)
+        return self
+
+    def bind_target_model(self, model: nn.Module) -> Drafter:
+        """`bind_target` from an mlx-lm causal LM (``model.model.embed_tokens`` / ``model.lm_head``)."""
+        inner = getattr(model, "model", model)
+        embed = getattr(inner, "embed_tokens", None)
+        if embed is None:
+            raise AttributeError(f"cannot find embed_tokens on {type(model).__name__}")
+        lm_head = getattr(model, "lm_head", None)  # absent when the target ties its embeddings
+        return self.bind_target(embed, lm_head if lm_head is not None else embed.as_linear)
+
+    @property
+    def needs_target_binding(self) -> bool:
+        """True when the checkpoint has no embedding / lm_head of its own."""
+        return not self.config.owns_embeddings
+
+    # ------------------------------------------------------------ backbone
+
+    @property
+    def compute_dtype(self) -> mx.Dtype:
+        """Activation dtype: follows the (never quantized) final norm, fp32 unless cast to bf16."""
+        return self.norm.weight.dtype
+
+    def make_cache(self) -> list[KVCache]:
+        """Fresh per-layer draft context cache (context K/V only, post-k_norm, post-RoPE)."""
+        return [KVCache() for _ in self.layers]
+
+    @staticmethod
+    def context_length(cache: list[KVCache]) -> int:
+        """Number of context positions already in ``cache``."""
+        return cache[0].offset
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """Token embeddings [.., d] in the compute dtype (own copy or the bound target's)."""
+        if self.config.owns_embeddings:
+            out = self.embed_tokens(ids)
+        else:
+            out = self._bound("_target_embed")(ids)
+        return out.astype(self.compute_dtype)
+
+    def project_context(self, taps: mx.array) -> mx.array:
+        """H_ctx = hidden_norm(fc(taps)): [1, c, m*d] -> [1, c, d] (spec Eq. 2)."""
+        if taps.shape[-1] != self.config.num_taps * self.config.hidden_size:
+            raise ValueError(f"context taps have width {taps.shape[-1]}, expected "
+                             f"{self.config.num_taps} x {self.config.hidden_size}")
+        return self.hidden_norm(self.fc(taps.astype(self.compute_dtype)))
+
+    def append_context(self, ctx_new: mx.array, cache: list[KVCache]) -> None:
+        """Project ``ctx_new`` [1, c, m*d] and append its K/V to every layer's cache (c may be 0)."""
+        if ctx_new is None or ctx_new.shape[1] == 0:
+            return
+        ctx_h = self.project_context(ctx_new)  # [1, c, d]
+        for layer, layer_cache in zip(self.layers, cache):
+            layer.append_context(ctx_h, layer_cache, self._rope)
+
+    def backbone(self, ctx_new: mx.array | None, block_ids: mx.array, cache: list[KVCache]) -> mx.array:
+        """Append ``ctx_new`` to the context cache, then run the block; returns final-normed h [1, B, d].
+
+        ``ctx_new`` [1, c, m*d] covers positions [cache_len, cache_len + c); ``block_ids`` [1, B] =
+        [anchor, mask, ...] sits at [p, p + B) with p = cache_len + c. Block K/V are never cached.
+        """
+        self._check_block(block_ids)
+        self.append_context(ctx_new, cache)
+        offset = self.context_length(cache)  # p: the anchor's absolute position
+        x = self.embed(block_ids)  # [1, B, d]
+        for layer, layer_cache in zip(self.layers, cache):
+            x = layer(x, layer_cache, self._rope, offset)
+        return self.norm(x)
+
+    __call__ = backbone
+
+    def draft_hidden(self, h: mx.array) -> mx.array:
+        """Rows of h [.., B, d] that hold drafts: [.., max_drafts, d]; row k-1 drafts position p + k."""
+        return h[..., self.config.draft_slot_offset:, :]
+
+    def reference_forward(self, ctx_all: mx.array, block_ids: mx.array) -> mx.array:
+        """No-cache reference: recompute all context K/V with explicit softmax attention -> h [1, B, d].
+
+        ``ctx_all`` [1, P, m*d] holds the taps for positions [0, P); the block sits at [P, P + B).
+        Independent of `KVCache` and fused SDPA, so tests can check the incremental path against it.
+        """
+        self._check_block(block_ids)
+        ctx_h = self.project_context(ctx_all)  # [1, P, d]
+        x = self.embed(block_ids)
+        for layer in self.layers:
+            x = _reference_layer(layer, x, ctx_h, self._rope)
+        return self.norm(x)
+
+    # ------------------------------------------------------------ heads
+
+    def base_logits(self, h: mx.array) -> mx.array:
+        """U = lm_head(h): [.., d] -> [.., V] float32 (logits are always sampled in fp32)."""
+        if not self.config.owns_embeddings:
+            out = self._bound("_target_lm_head")(h)
+        elif self.config.tie_word_embeddings:
+            out = self.embed_tokens.as_linear(h)
+        else:
+            out = self.lm_head(h)
+        return out.astype(mx.float32)
+
+    @property
+    def has_markov(self) -> bool:
+        """True when the checkpoint has a Markov head (markov_rank > 0)."""
+        return self.config.markov_rank > 0
+
+    @property
+    def has_confidence(self) -> bool:
+        """True when the checkpoint has a confidence head."""
+        return self.config.enable_confidence_head
+
+    def markov_init_state(self, n: int = 1) -> mx.array | None:
+        """Initial recurrent state [n, r] for the rnn head; None for stateless heads."""
+        if not self.has_markov or self.config.markov_head_type != "rnn":
+            return None
+        return mx.zeros((n, self.config.markov_rank), dtype=self.compute_dtype)
+
+    def markov_step(self, prev_ids: mx.array, h: mx.array | None,
+                    state: mx.array | None) -> tuple[mx.array, mx.array | None]:
+        """One sequential step of any head type: bias [n, V] float32 and the next state.
+
+        ``prev_ids`` [n] is the anchor for draft 1 and the *sampled* previous draft afterwards;
+        ``h`` [n, d] is that draft's backbone row (needed by gated / rnn heads).
+        """
+        if not self.has_markov:
+            raise ValueError("this drafter has no Markov head (markov_rank = 0)")
+        bias, state = self.markov_head.step(prev_ids, h, state)
+        return bias.astype(mx.float32), state
+
+    def markov_bias(self, prev_ids: mx.array, h: mx.array | None = None) -> mx.array:
+        """Stateless Markov bias W2 . W1[prev]: prev_ids [n] -> [n, V] float32 (vanilla / gated)."""
+        if self.has_markov and self.config.markov_head_type == "rnn":
+            raise ValueError("the rnn Markov head is stateful: use markov_init_state / markov_step")
+        return self.markov_step(prev_ids, h, None)[0]
+
+    def confidence_logits(self, h: mx.array, prev_ids: mx.array) -> mx.array:
+        """Pre-sigmoid confidence z_k from h [n, d] and x_{k-1} ids [n] -> [n] float32."""
+        if not self.has_confidence:
+            raise ValueError("this drafter has no confidence head")
+        features = h.astype(self.compute_dtype)
+        if self.config.confidence_head_with_markov:
+            prev = self.markov_head.markov_w1(prev_ids).astype(features.dtype)  # [n, r]
+            features = mx.concatenate([features, prev], axis=-1)
+        return self.confidence_head(features).astype(mx.float32)
+
+    # ------------------------------------------------------------ helpers
+
+    def _bound(self, name: str) -> ArrayFn:
+        fn = getattr(self, name)
+        if fn is None:
+            raise RuntimeError("this drafter uses the target's embedding and lm_head: call "
+                               "bind_target(...) or bind_target_model(target) first")
+        return fn
+
+    def _check_block(self, block_ids: mx.array) -> None:
+        if block_ids.ndim != 2 or block_ids.shape[1] != self.config.block_size:
+            raise ValueError(f"block_ids must be [1, {self.config.block_size}], got {tuple(block_ids.shape)}")
+
+
+def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:
+    """One layer as a single sequence [context ; block] at positions [0, P + B), queries from the block."""
+    attn = layer.self_attn
+    xn = layer.input_layernorm(x)  # the block stream only; context rows are not re-normed
+    num_ctx = ctx_h.shape[1]
+    keys, values = attn.project_kv(mx.concatenate([ctx_h, xn], axis=1), rope, 0)  # [1, Hkv, P+B, hd]
+    queries = attn.project_q(xn, rope, num_ctx)  # [1, H, B, hd]
+    rep = attn.n_heads // attn.n_kv_heads
+    keys, values = mx.repeat(keys, rep, axis=1), mx.repeat(values, rep, axis=1)
+    scores = (queries * attn.scale) @ keys.transpose(0, 1, 3, 2)  # [1, H, B, P+B]
+    out = mx.softmax(scores, axis=-1, precise=True) @ values
+    h = x + attn.o_proj(_merge_heads(out))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+# ---------------------------------------------------------------- quantization
+
+
+def _group_size(in_dim: int) -> int | None:
+    for size in (64, 32):
+        if in_dim % size == 0:
+            return size
+    return None
+
+
+def quantize_drafter(drafter: Drafter, mode: str | None) -> Drafter:
+    """Quantize in place: None (fp32), "bf16" (cast), "8bit" / "4bit" (affine, Linear/Embedding).
+
+    Lossless by construction (q changes, the verifier still uses the true q). Layers whose input
+    width does not divide the group size stay fp32, and the confidence head always does: its
+    logits steer the scheduler and it is tiny.
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"unknown drafter quantization {mode!r}; choose one of {QUANTIZE_MODES}")
+    if mode is None:
+        return drafter
+    if mode == "bf16":
+        drafter.set_dtype(mx.bfloat16)
+        return drafter
+    bits = 8 if mode == "8bit" else 4
+
+    def predicate(path: str, module: nn.Module) -> bool | dict:
+        if path.startswith("confidence_head") or not isinstance(module, (nn.Linear, nn.Embedding)):
+            return False
+        size = _group_size(module.weight.shape[-1])
+        return {"group_size": size, "bits": bits} if size else False
+
+    nn.quantize(drafter, class_predicate=predicate)
+    return drafter

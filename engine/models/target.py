@@ -1,0 +1,132 @@
+"""Target wrapper over an mlx-lm model: logits plus the drafter's tapped hidden states.
+
+The drafter is conditioned on the raw outputs of a few target decoder layers. mlx-lm models run
+their layers from a Python list (`model.layers`), so we swap each tapped entry for a pass-through
+module that records its output. Every mlx-lm architecture then works unchanged (llama, qwen3,
+gemma...), and a one-time check proves the tapped forward reproduces the model's own logits.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+
+class _Tap(nn.Module):
+    """Wraps one decoder layer and records its output into a shared list."""
+
+    def __init__(self, inner: nn.Module, sink: list):
+        super().__init__()
+        self.inner = inner
+        self._sink = sink  # a list attribute is not a parameter (not an mx.array/Module)
+
+    def __getattr__(self, key: str):
+        # Architectures read layer attributes (e.g. `use_sliding` in make_cache): defer to the layer.
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        self._sink.append(out)
+        return out
+
+
+class TapError(RuntimeError):
+    """The tapped forward does not reproduce the model or a tap did not fire."""
+
+
+class Target:
+    """The verified model. `forward` returns logits and the concatenated tap outputs."""
+
+    def __init__(self, model: nn.Module, tap_layer_ids: tuple[int, ...] = ()):
+        self.model = model
+        self.num_layers = len(model.layers)
+        self.tap_layer_ids = tuple(tap_layer_ids)
+        for lid in self.tap_layer_ids:
+            if not 0 <= lid < self.num_layers:
+                raise TapError(f"tap layer {lid} outside the target's {self.num_layers} layers")
+        self._sink: list[mx.array] = []
+        self._originals = {lid: model.layers[lid] for lid in self.tap_layer_ids}
+        self._install()
+
+    def _install(self) -> None:
+        for lid, layer in self._originals.items():
+            self.model.layers[lid] = _Tap(layer, self._sink)
+
+    def _uninstall(self) -> None:
+        for lid, layer in self._originals.items():
+            self.model.layers[lid] = layer
+
+    def make_cache(self) -> list:
+        """A fresh per-layer KV cache for this target."""
+        return make_prompt_cache(self.model)
+
+    def forward(self, ids: mx.array, cache: list) -> tuple[mx.array, mx.array | None]:
+        """ids [1, n] -> (logits [1, n, V] float32, taps [1, n, m*d] or None without taps)."""
+        self._sink.clear()
+        logits = self.model(ids, cache=cache).astype(mx.float32)
+        if not self.tap_layer_ids:
+            return logits, None
+        if len(self._sink) != len(self.tap_layer_ids):
+            raise TapError(f"expected {len(self.tap_layer_ids)} tap outputs, got {len(self._sink)}")
+        # Taps fire in layer order; the drafter expects them in target_layer_ids order.
+        order = sorted(range(len(self.tap_layer_ids)), key=lambda i: self.tap_layer_ids[i])
+        by_layer = dict(zip([self.tap_layer_ids[i] for i in order], self._sink))
+        taps = mx.concatenate([by_layer[lid] for lid in self.tap_layer_ids], axis=-1)
+        self._sink.clear()
+        return logits, taps.astype(mx.float32)
+
+    def check_taps(self, probe_ids: list[int] | None = None) -> None:
+        """Once per load: tapped logits equal the unwrapped model's logits on a probe input."""
+        ids = mx.array([probe_ids or [1, 2, 3, 4, 5, 6, 7, 8]])
+        tapped, taps = self.forward(ids, self.make_cache())
+        self._uninstall()
+        try:
+            plain = self.model(ids, cache=make_prompt_cache(self.model)).astype(mx.float32)
+        finally:
+            self._install()
+        if not mx.array_equal(tapped, plain):
+            raise TapError("tapped forward changed the target's logits")
+        if taps is not None and taps.shape[:2] != ids.shape:
+            raise TapError(f"tap shape {taps.shape} does not match input {ids.shape}")
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output distribution."""
+        return int(self.embedding.weight.shape[0])
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The token embedding module (z-lab DFlash drafters borrow it)."""
+        inner = getattr(self.model, "model", None) or getattr(self.model, "language_model", None)
+        emb = getattr(inner, "embed_tokens", None)
+        if emb is None:
+            raise TapError("cannot find the target's embed_tokens")
+        return emb
+
+    def lm_head(self, h: mx.array) -> mx.array:
+        """Target output projection for hidden states h [..., d] -> logits [..., V]."""
+        head = getattr(self.model, "lm_head", None)
+        if head is not None:
+            return head(h)
+        return self.embedding.as_linear(h)
+
+
+def cache_length(cache: list) -> int:
+    """Tokens held by a per-layer KV cache (all layers agree)."""
+    return int(cache[0].offset)
+
+
+def trim_cache(cache: list, num_tokens: int) -> None:
+    """Drop the newest `num_tokens` entries from every layer (speculative roll-back)."""
+    if num_tokens <= 0:
+        return
+    for layer_cache in cache:
+        if not layer_cache.is_trimmable():
+            raise ValueError(f"{type(layer_cache).__name__} cannot be rolled back")
+        layer_cache.trim(num_tokens)

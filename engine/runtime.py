@@ -1,0 +1,135 @@
+"""Everything loaded for serving: target, drafter, tokenizer, scheduler factory and EngineInfo.
+
+The effective mode is decided here once and reported through `EngineInfo` (and so /health and
+/v1/models): when dspark/dflash is asked for but no drafter exists for the target, the engine runs
+baseline and says so loudly, never silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.api import EngineConfig, EngineInfo, SpecConfig
+from engine.loading.default_model import DEFAULT_MODEL_NAME
+from engine.loading.drafter import load_drafter, lookup_published_drafter
+from engine.loading.target import load_target
+from engine.models.target import Target
+from engine.scheduler import AutoScheduler, Scheduler, ThresholdScheduler
+
+log = logging.getLogger(__name__)
+
+# Drafters we train and ship for the embedded default model (issue 4), by mode.
+SHIPPED_DIR = Path(__file__).resolve().parent / "drafters"
+SHIPPED_DRAFTERS = {"dspark": "smollm2-135m-dspark", "dflash": "smollm2-135m-dflash"}
+
+
+class NoDrafterError(ValueError):
+    """Speculative mode requested but no drafter is known for the target."""
+
+
+@dataclass
+class Runtime:
+    """Loaded models and the decisions derived from them."""
+
+    target: Target
+    drafter: object | None
+    tokenizer: object
+    info: EngineInfo
+    eos_ids: frozenset[int]
+    spec: SpecConfig
+    curve: object | None = None
+
+    def make_scheduler(self) -> Scheduler | None:
+        """A fresh per-request scheduler (None in baseline mode)."""
+        if self.drafter is None:
+            return None
+        cap = self.info.cap or 1
+        spec, has_conf = self.spec, self.drafter.has_confidence
+        if spec.max_draft == "auto" and self.curve is not None:
+            return AutoScheduler(self.drafter.config.max_drafts, self.curve, use_confidence=has_conf)
+        if spec.confidence_threshold is not None and has_conf:
+            return ThresholdScheduler(cap, spec.confidence_threshold)
+        return Scheduler(cap)
+
+
+def _model_id(spec_model: str | None, path: Path) -> str:
+    if not spec_model:
+        return DEFAULT_MODEL_NAME
+    return path.name if Path(spec_model).expanduser().is_dir() else spec_model
+
+
+def _drafter_source(spec: SpecConfig, model: str | None) -> str | None:
+    if spec.drafter:
+        return spec.drafter
+    if model is None and spec.mode in SHIPPED_DRAFTERS:
+        shipped = SHIPPED_DIR / SHIPPED_DRAFTERS[spec.mode]
+        return str(shipped) if (shipped / "config.json").exists() else None
+    return lookup_published_drafter(model, spec.mode) if model else None
+
+
+def _load_drafter(source: str, target: Target, model) -> object:
+    args = model.args if hasattr(model, "args") else None
+    drafter, cfg = load_drafter(
+        source, target_vocab_size=target.vocab_size, target_num_layers=target.num_layers,
+        target_hidden_size=getattr(args, "hidden_size", None),
+    )
+    if drafter.needs_target_binding:
+        drafter.bind_target_model(model)
+    return drafter
+
+
+def build_runtime(config: EngineConfig, progress=None) -> Runtime:
+    """Load the target (and drafter) for `config`; decides the effective mode."""
+    from engine.costs import load_or_measure
+
+    spec = config.spec
+    model, tokenizer, path = load_target(config.model, progress)
+    source = None if spec.mode == "baseline" else _drafter_source(spec, config.model)
+    if spec.mode != "baseline" and source is None:
+        log.warning("no %s drafter is known for %s: serving in BASELINE mode (plain decoding). "
+                    "Pass --drafter PATH_OR_ID to enable speculation.", spec.mode, config.model or DEFAULT_MODEL_NAME)
+    if source is None:
+        target, drafter, mode = Target(model), None, "baseline"
+    else:
+        probe = load_drafter_config_taps(source)
+        target = Target(model, probe)
+        drafter, mode = _load_drafter(source, target, model), spec.mode
+    target.check_taps()
+    curve, cap = None, None
+    if drafter is not None:
+        max_len = drafter.config.max_drafts
+        cap = max_len if spec.max_draft == "auto" else min(int(spec.max_draft), max_len)
+        if spec.max_draft == "auto":
+            curve = load_or_measure(target, drafter, str(path), source, max_len)
+            cap = curve.best_cap([0.6] * max_len, max_len)[0] or 1
+    info = EngineInfo(
+        model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
+        context_length=_context_length(model, tokenizer), sampler=spec.sampler,
+    )
+    return Runtime(target, drafter, tokenizer, info, _eos_ids(tokenizer), spec, curve)
+
+
+def load_drafter_config_taps(source: str) -> tuple[int, ...]:
+    """The tapped target layers of a drafter, read from its config before loading weights."""
+    from engine.loading.drafter import read_drafter_config, resolve_drafter_path
+
+    return read_drafter_config(resolve_drafter_path(source)).target_layer_ids
+
+
+def _eos_ids(tokenizer) -> frozenset[int]:
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _context_length(model, tokenizer) -> int:
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "max_seq_len", "context_length"):
+        value = getattr(args, name, None)
+        if value:
+            return int(value)
+    return int(os.environ.get("DSPARK_CONTEXT_LENGTH", "4096"))

@@ -1,0 +1,136 @@
+"""Draft-length schedulers: how many drafts a round verifies.
+
+Every scheduler is non-anticipating (DSpark paper, App. A): the decision to verify draft k is made
+before x_k is sampled, from c_1..c_k (which depend only on x_0..x_{k-1}) and from state fixed at
+the start of the round. That is what keeps variable-length rounds lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class Scheduler:
+    """Base: a fixed cap. `begin_round(limit)` then `admit(k, c_k)` for k = 1, 2, ..."""
+
+    uses_confidence = False
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self._limit = cap
+
+    def begin_round(self, limit: int) -> None:
+        """Start a round that may verify at most min(cap, limit) drafts."""
+        self._limit = max(0, min(self.cap, limit))
+
+    def admit(self, k: int, confidence: float | None) -> bool:
+        """Verify draft k (1-based)? `confidence` is c_k, known before x_k is sampled."""
+        return k <= self._limit
+
+    @property
+    def round_limit(self) -> int:
+        """Most drafts this round can admit, known at its start."""
+        return self._limit
+
+
+class ThresholdScheduler(Scheduler):
+    """Keep drafting while the prefix survival a_k = prod c_i stays >= theta (mlx-dspark's rule)."""
+
+    uses_confidence = True
+
+    def __init__(self, cap: int, theta: float):
+        super().__init__(cap)
+        self.theta = theta
+        self._survival = 1.0
+
+    def begin_round(self, limit: int) -> None:
+        super().begin_round(limit)
+        self._survival = 1.0
+
+    def admit(self, k: int, confidence: float | None) -> bool:
+        if k > self._limit:
+            return False
+        self._survival *= 1.0 if confidence is None else confidence
+        return self._survival >= self.theta
+
+
+@dataclass
+class CostCurve:
+    """Measured wall time of a round that verifies l drafts: draft(l) + verify(l + 1)."""
+
+    verify_s: list[float]  # [i] = time of a target forward over i + 1 tokens
+    draft_fixed_s: float  # backbone pass (independent of l)
+    draft_per_token_s: float  # lm_head + Markov + sampling per drafted position
+    meta: dict = field(default_factory=dict)
+
+    def round_time(self, num_draft: int) -> float:
+        """Predicted seconds for a round verifying `num_draft` drafts (0 = plain decode step)."""
+        i = min(num_draft, len(self.verify_s) - 1)
+        draft = self.draft_fixed_s + self.draft_per_token_s * num_draft if num_draft else 0.0
+        return self.verify_s[i] + draft
+
+    def best_cap(self, acceptance: list[float], max_cap: int) -> tuple[int, float]:
+        """Cap maximising expected tokens/s for conditional acceptance rates; (cap, tokens/s)."""
+        best, best_rate, survival, expected = 0, 1.0 / self.round_time(0), 1.0, 1.0
+        for num in range(1, max_cap + 1):
+            survival *= acceptance[num - 1] if num - 1 < len(acceptance) else 0.0
+            expected += survival
+            rate = expected / self.round_time(num)
+            if rate > best_rate:
+                best, best_rate = num, rate
+        return best, best_rate
+
+
+class AutoScheduler(Scheduler):
+    """The R = 1 form of DSpark's Algorithm 1 on a measured cost curve T(l).
+
+    With a confidence head it scans l = 1, 2, ... on the live prefix survival a_l and stops at the
+    first l whose expected throughput (1 + sum a_j) / T(l) does not improve (the early stop is what
+    keeps it lossless). Without one it uses per-position acceptance rates estimated from earlier
+    rounds, fixed at the start of the round, so it is non-anticipating too.
+    """
+
+    def __init__(self, cap: int, curve: CostCurve, use_confidence: bool, prior: float = 0.6):
+        super().__init__(cap)
+        self.curve = curve
+        self.uses_confidence = use_confidence
+        self.acceptance = [prior] * cap  # running estimate per position
+        self._round_cap = cap
+        self._survival, self._expected, self._best_rate = 1.0, 1.0, 0.0
+
+    def begin_round(self, limit: int) -> None:
+        super().begin_round(limit)
+        self._survival, self._expected = 1.0, 1.0
+        self._best_rate = 1.0 / self.curve.round_time(0)
+        if not self.uses_confidence:
+            self._round_cap = min(self._limit, self.curve.best_cap(self.acceptance, self.cap)[0])
+
+    def admit(self, k: int, confidence: float | None) -> bool:
+        if k > self._limit:
+            return False
+        if not self.uses_confidence or confidence is None:
+            return k <= self._round_cap
+        self._survival *= confidence
+        self._expected += self._survival
+        rate = self._expected / self.curve.round_time(k)
+        if rate <= self._best_rate:
+            return False  # early stop: never look further once throughput stops improving
+        self._best_rate = rate
+        return True
+
+    @property
+    def round_limit(self) -> int:
+        return self._limit if self.uses_confidence else self._round_cap
+
+    def observe(self, num_verified: int, num_accepted: int, weight: float = 0.05) -> None:
+        """Update the per-position acceptance estimates after a round (EMA)."""
+        for i in range(min(num_verified, self.cap)):
+            hit = 1.0 if i < num_accepted else 0.0
+            self.acceptance[i] += weight * (hit - self.acceptance[i])
+            if not hit:
+                break
+
+    @property
+    def expected_cap(self) -> int:
+        """The cap the cost model currently prefers (for reporting)."""
+        return self.curve.best_cap(self.acceptance, self.cap)[0]

@@ -1,0 +1,212 @@
+"""Speculative decoding of one request: prefill, then draft -> verify -> accept -> roll back rounds.
+
+State after every round (spec section 6.2), with `committed` = prompt + generated tokens:
+    target cache length            == len(committed) - 1   (all but the pending anchor)
+    draft context cached + pending == len(committed) - 1
+    anchor                          == committed[-1]
+The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
+z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine import sampling
+from engine.api import SpecStats
+from engine.models.target import Target, cache_length, trim_cache
+from engine.scheduler import AutoScheduler, Scheduler
+
+PREFILL_CHUNK = 512
+# Counter streams of the request's seed, so draft, accept and baseline draws never share noise.
+_STREAM_TARGET, _STREAM_DRAFT, _STREAM_ACCEPT = 11, 12, 13
+
+
+@dataclass
+class DecodeOptions:
+    """Per-request decoding choices."""
+
+    settings: sampling.SamplerSettings
+    sampler: str  # "rejection" | "seed-stable" (ignored when greedy)
+    seed: int
+    stop_ids: frozenset[int]
+
+
+class SpecDecoder:
+    """Decodes one request; `drafter=None` is baseline mode (plain target decoding)."""
+
+    def __init__(self, target: Target, drafter, scheduler: Scheduler | None, opts: DecodeOptions, stats: SpecStats):
+        self.target, self.drafter, self.scheduler, self.opts, self.stats = target, drafter, scheduler, opts, stats
+        self.committed: list[int] = []
+        self.target_cache = target.make_cache()
+        self.draft_cache = drafter.make_cache() if drafter is not None else None
+        self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
+        self.done = False
+
+    def committed_view(self) -> list[int]:
+        """The live committed token list (prompt + generated); do not modify."""
+        return self.committed
+
+    # ------------------------------------------------------------------ prefill
+
+    def prefill(self, prompt_ids: list[int]) -> list[int]:
+        """Run the prompt through the target and commit the first token; returns [token]."""
+        t0 = time.perf_counter()
+        ids = mx.array(prompt_ids)[None]  # [1, P]
+        taps = []
+        for start in range(0, len(prompt_ids), PREFILL_CHUNK):
+            logits, chunk_taps = self.target.forward(ids[:, start : start + PREFILL_CHUNK], self.target_cache)
+            last = logits[0, -1]  # [V]
+            mx.eval(last, chunk_taps) if chunk_taps is not None else mx.eval(last)
+            if chunk_taps is not None and self.drafter is not None:
+                taps.append(chunk_taps)
+        self.ctx_pending = mx.concatenate(taps, axis=1) if taps else None
+        self.committed[:] = prompt_ids
+        token = self._sample_target(last, position=len(prompt_ids))
+        self.stats.time_prefill_s += time.perf_counter() - t0
+        return self._commit([token])
+
+    # ------------------------------------------------------------------ rounds
+
+    def step(self, budget: int) -> list[int]:
+        """One round committing at most `budget` >= 1 tokens; returns the committed tokens."""
+        if self.drafter is None:
+            return self._baseline_step()
+        t0 = time.perf_counter()
+        draft_ids, draft_logprobs = self._draft(limit=budget - 1)
+        t1 = time.perf_counter()
+        logits, taps = self._verify(draft_ids)
+        t2 = time.perf_counter()
+        num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
+        new = self._commit(draft_ids[:num_accepted] + [token])
+        self._roll_back(len(draft_ids), num_accepted, taps)
+        self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, time.perf_counter() - t2))
+        return new
+
+    def _baseline_step(self) -> list[int]:
+        t0 = time.perf_counter()
+        logits, _ = self.target.forward(mx.array([[self.committed[-1]]]), self.target_cache)
+        token = self._sample_target(logits[0, -1], position=len(self.committed))
+        t1 = time.perf_counter()
+        new = self._commit([token])
+        self._record(0, 0, len(new), (0.0, t1 - t0, time.perf_counter() - t1))
+        return new
+
+    def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
+        """Sample up to `limit` drafts sequentially (Markov bias uses the *sampled* previous token)."""
+        anchor, p = self.committed[-1], len(self.committed) - 1
+        cfg = self.drafter.config
+        block = mx.array([[anchor] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # [1, B]
+        h = self.drafter.draft_hidden(self.drafter.backbone(self.ctx_pending, block, self.draft_cache))[0]  # [L, d]
+        self.ctx_pending = None
+        cap = min(limit, h.shape[0])
+        self.scheduler.begin_round(cap)
+        # Without confidence truncation the verified length is known now: one lm_head matmul over
+        # exactly those rows. With it, rows are projected one by one as they are admitted.
+        lazy = self._uses_confidence()
+        base = None if lazy else self.drafter.base_logits(h[: self.scheduler.round_limit])  # [l, V]
+        ids, logq_rows, prev = [], [], anchor
+        for k in range(1, cap + 1):
+            if not self.scheduler.admit(k, self._confidence(h, k, prev) if lazy else None):
+                break
+            row = self.drafter.base_logits(h[k - 1]) if lazy else base[k - 1]  # [V]
+            if self.drafter.has_markov:
+                row = row + self.drafter.markov_bias(mx.array([prev]))[0]
+            prev, logq = self._sample_draft(row, position=p + k)
+            ids.append(prev)
+            logq_rows.append(logq)
+        logq_all = mx.stack(logq_rows) if logq_rows and logq_rows[0] is not None else None
+        return ids, logq_all
+
+    def _uses_confidence(self) -> bool:
+        return self.scheduler.uses_confidence and self.drafter.has_confidence
+
+    def _confidence(self, h: mx.array, k: int, prev: int) -> float:
+        """c_k = sigmoid(z_k / t_k); depends on h_k and x_{k-1} only (never on x_k)."""
+        z = self.drafter.confidence_logits(h[k - 1 : k], mx.array([prev])).item()
+        temps = self.drafter.config.sts_temperatures
+        t = temps[k - 1] if temps and k - 1 < len(temps) else 1.0
+        return 1.0 / (1.0 + math.exp(-z / t))
+
+    def _verify(self, draft_ids: list[int]) -> tuple[mx.array, mx.array]:
+        """One target forward over [anchor, x_1..x_l]: logits [l+1, V], taps [1, l+1, m*d]."""
+        ids = mx.array([[self.committed[-1]] + draft_ids])  # [1, l+1]
+        logits, taps = self.target.forward(ids, self.target_cache)
+        mx.eval(logits, taps)
+        return logits[0], taps
+
+    def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
+        s, p = self.opts.settings, len(self.committed) - 1
+        if s.greedy:
+            return sampling.greedy_accept(draft_ids, logits)
+        logp = sampling.process_logits(logits, s)  # [l+1, V]
+        if self.opts.sampler == "seed-stable":
+            return sampling.seed_stable_accept(draft_ids, logp, self.opts.seed, p + 1)
+        key = sampling.mix_key(self.opts.seed, _STREAM_ACCEPT, p)
+        return sampling.rejection_accept(draft_ids, draft_logprobs, logp, key)
+
+    def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array) -> None:
+        """Keep anchor + accepted rows in the target cache; they become the next draft context."""
+        trim_cache(self.target_cache, num_draft - num_accepted)
+        self.ctx_pending = taps[:, : num_accepted + 1]
+
+    # ------------------------------------------------------------------ sampling helpers
+
+    def _sample_target(self, logits: mx.array, position: int) -> int:
+        """Plain target sample for `position` (prefill's first token and baseline mode)."""
+        s = self.opts.settings
+        if s.greedy:
+            return mx.argmax(logits).item()
+        logp = sampling.process_logits(logits, s)
+        if self.opts.sampler == "seed-stable":
+            return sampling.seed_stable_sample(logp, self.opts.seed, position)
+        return sampling.sample_from_logprobs(logp, sampling.mix_key(self.opts.seed, _STREAM_TARGET, position))
+
+    def _sample_draft(self, logits: mx.array, position: int) -> tuple[int, mx.array | None]:
+        s = self.opts.settings
+        if not s.greedy and self.opts.sampler == "seed-stable":
+            return sampling.seed_stable_draft(logits, s, self.opts.seed, position), None
+        return sampling.sample_draft(logits, s, sampling.mix_key(self.opts.seed, _STREAM_DRAFT, position))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens, cutting after the first stop/EOS id (no token after it)."""
+        for i, tok in enumerate(tokens):
+            if tok in self.opts.stop_ids:
+                tokens = tokens[: i + 1]
+                self.done = True
+                break
+        self.committed.extend(tokens)
+        self.stats.generated_tokens += len(tokens)
+        return tokens
+
+    def _record(self, num_draft: int, num_accepted: int, num_new: int, times: tuple[float, float, float]) -> None:
+        st, (t_draft, t_verify, t_other) = self.stats, times
+        st.rounds += 1
+        st.round_tokens += num_new
+        st.drafted_tokens += num_draft
+        st.accepted_tokens += num_accepted
+        for i in range(num_draft):
+            while len(st.verified_by_position) <= i:
+                st.verified_by_position.append(0)
+                st.accepted_by_position.append(0)
+            st.verified_by_position[i] += 1
+            st.accepted_by_position[i] += int(i < num_accepted)
+        st.time_draft_s += t_draft
+        st.time_verify_s += t_verify
+        st.time_other_s += t_other
+        if isinstance(self.scheduler, AutoScheduler):
+            self.scheduler.observe(num_draft, num_accepted)
+
+    def check_invariants(self) -> None:
+        """Assert the round bookkeeping invariants (used by tests after every round)."""
+        n = len(self.committed)
+        assert cache_length(self.target_cache) == n - 1, (cache_length(self.target_cache), n)
+        if self.drafter is not None:
+            pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
+            assert self.drafter.context_length(self.draft_cache) + pending == n - 1

@@ -1,0 +1,138 @@
+"""Speculative rounds: tie-aware greedy equivalence, invariants, index conventions, stopping."""
+
+import mlx.core as mx
+import pytest
+
+from engine.api import SpecStats
+from engine.sampling import SamplerSettings
+from engine.scheduler import Scheduler, ThresholdScheduler
+from engine.spec import DecodeOptions, SpecDecoder
+from tests.engine import tiny
+
+PROMPTS = [[1, 17, 42, 99, 5], [200, 3, 3, 3, 7, 8, 9, 10, 11, 12], [64]]
+GREEDY = SamplerSettings(temperature=0.0)
+TIE_EPS = 1e-4  # fp32 top1 - top2 gap below which a divergence counts as a tie (spec 5.5)
+
+
+def make_decoder(target, drafter, cap, settings=GREEDY, sampler="rejection", seed=0, stop_ids=(), scheduler=None):
+    """A SpecDecoder with a fixed-cap scheduler unless one is given."""
+    opts = DecodeOptions(settings=settings, sampler=sampler, seed=seed, stop_ids=frozenset(stop_ids))
+    stats = SpecStats(mode="baseline" if drafter is None else "dspark", cap=cap)
+    dec = SpecDecoder(target, drafter, scheduler or (Scheduler(cap) if drafter is not None else None), opts, stats)
+    if isinstance(drafter, tiny.OracleDrafter):
+        drafter.committed = dec.committed_view()
+    return dec
+
+
+def run(dec, prompt, max_tokens, check=True):
+    """Generate up to max_tokens; check invariants after every round."""
+    out = dec.prefill(prompt)
+    while len(out) < max_tokens and not dec.done:
+        out += dec.step(max_tokens - len(out))
+        if check:
+            dec.check_invariants()
+    return out
+
+
+def first_divergence(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def top2_gap(target, ids):
+    logits = target.model(mx.array([ids]))[0, -1]
+    top = mx.sort(logits)[-2:].tolist()
+    return top[1] - top[0]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.tiny_target(seed=0, scale=4.0)
+
+
+def drafters(target):
+    return {
+        "dspark-random": tiny.dspark_drafter(),
+        "dflash-random": tiny.dflash_drafter(target),
+        "oracle": tiny.OracleDrafter(target),
+        "always-wrong": tiny.OracleDrafter(target, shift=1),
+    }
+
+
+@pytest.mark.parametrize("cap", [1, 2, 4])
+def test_greedy_equivalence_tiny(target, cap):
+    """Greedy speculative ids equal plain greedy ids for every drafter and cap (ties reported)."""
+    for name, drafter in drafters(target).items():
+        cap_eff = min(cap, drafter.config.max_drafts)
+        for prompt in PROMPTS:
+            plain = run(make_decoder(target, None, None), prompt, 24)
+            spec = run(make_decoder(target, drafter, cap_eff), prompt, 24)
+            i = first_divergence(plain, spec)
+            if i is not None:
+                gap = top2_gap(target, prompt + plain[:i])
+                assert gap <= TIE_EPS, f"{name} cap {cap}: diverged at {i} with top-2 gap {gap}"
+            assert len(spec) == len(plain)
+
+
+def test_oracle_accepts_everything_and_wrong_accepts_nothing(target):
+    """Acceptance bookkeeping: the oracle's drafts all pass, the shifted oracle's never do."""
+    dec = make_decoder(target, tiny.OracleDrafter(target), 4)
+    run(dec, PROMPTS[0], 21)
+    assert dec.stats.accepted_tokens == dec.stats.drafted_tokens > 0
+    assert dec.stats.mean_accepted_length == pytest.approx(5.0)
+    dec = make_decoder(target, tiny.OracleDrafter(target, shift=1), 4)
+    run(dec, PROMPTS[0], 21)
+    assert dec.stats.accepted_tokens == 0 and dec.stats.drafted_tokens > 0
+
+
+def test_max_tokens_exact_mid_round(target):
+    """max_tokens ending in the middle of a round is exact and equals the plain prefix."""
+    plain = run(make_decoder(target, None, None), PROMPTS[1], 30)
+    for n in (1, 2, 6, 7, 13):
+        out = run(make_decoder(target, tiny.OracleDrafter(target), 4), PROMPTS[1], n)
+        assert out == plain[:n]
+
+
+def test_stop_token_inside_accepted_block(target):
+    """A stop id inside an accepted block ends the output there, with no extra token."""
+    plain = run(make_decoder(target, None, None), PROMPTS[0], 20)
+    stop = plain[6]
+    k = plain.index(stop)
+    out = run(make_decoder(target, tiny.OracleDrafter(target), 4, stop_ids=[stop]), PROMPTS[0], 20)
+    assert out == plain[: k + 1]
+
+
+@pytest.mark.parametrize("layout", ["dspark", "dflash"])
+def test_index_convention_against_uncached_reference(target, layout):
+    """DSpark slot j drafts p+j+1, z-lab slot i drafts p+i: drafts match an uncached reference."""
+    drafter = tiny.dspark_drafter() if layout == "dspark" else tiny.dflash_drafter(target)
+    dec = make_decoder(target, drafter, drafter.config.max_drafts)
+    out = dec.prefill(PROMPTS[1])
+    for _ in range(5):
+        committed = list(dec.committed)
+        p = len(committed) - 1
+        # Independent reference: taps of committed[:p] from a fresh uncached target forward.
+        _, taps = target.forward(mx.array([committed[:p]]), target.make_cache())
+        block = mx.array([[committed[-1]] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
+        h_ref = drafter.reference_forward(taps, block)[0]  # [B, d]
+        slot = 0 if layout == "dspark" else 1  # the slot that drafts position p + 1
+        logits = drafter.base_logits(h_ref[slot])
+        if drafter.has_markov:
+            logits = logits + drafter.markov_bias(mx.array([committed[-1]]))[0]
+        expected_first = mx.argmax(logits).item()
+        drafts, _ = dec._draft(limit=drafter.config.max_drafts)
+        assert drafts[0] == expected_first
+        # finish the round the normal way (re-verify the drafts we just made)
+        logits_v, taps_v = dec._verify(drafts)
+        n, tok = dec._accept(drafts, None, logits_v)
+        out += dec._commit(drafts[:n] + [tok])
+        dec._roll_back(len(drafts), n, taps_v)
+        dec.check_invariants()
+
+
+def test_confidence_threshold_truncation_is_lossless_greedy(target):
+    """Threshold truncation on the prefix survival changes lengths, never greedy ids."""
+    plain = run(make_decoder(target, None, None), PROMPTS[0], 20)
+    drafter = tiny.dspark_drafter()
+    for theta in (0.0, 0.3, 0.9):
+        dec = make_decoder(target, drafter, 4, scheduler=ThresholdScheduler(4, theta))
+        assert run(dec, PROMPTS[0], 20) == plain

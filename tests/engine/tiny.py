@@ -1,0 +1,97 @@
+"""Tiny in-process targets and drafters for engine tests (float32, CPU, fixed seeds).
+
+Drafters: a real random DSpark drafter (Markov + confidence heads), a real random z-lab DFlash
+drafter bound to the target, an oracle that drafts the target's own greedy continuation (all
+drafts accepted), and an always-wrong one (never accepted at greedy).
+"""
+
+from __future__ import annotations
+
+import engine  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map_with_path
+from mlx_lm.models import llama
+
+from engine.models.drafter import Drafter
+from engine.models.drafter_config import normalize_drafter_config
+from engine.models.target import Target
+from tests.engine import drafter_fixtures as fx
+
+VOCAB, HIDDEN, TARGET_LAYERS, BLOCK = fx.VOCAB, fx.HIDDEN, fx.TARGET_LAYERS, fx.BLOCK
+
+
+def tiny_target_model(seed: int = 0, vocab: int = VOCAB, scale: float = 1.0) -> nn.Module:
+    """A 4-layer llama with hidden 64 and random weights; `scale` sharpens its distributions."""
+    args = llama.ModelArgs(model_type="llama", hidden_size=HIDDEN, num_hidden_layers=TARGET_LAYERS,
+                           intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, rms_norm_eps=1e-5, vocab_size=vocab, rope_theta=10000.0,
+                           tie_word_embeddings=False)
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    if scale != 1.0:
+        model.lm_head.weight = model.lm_head.weight * scale
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny_target(seed: int = 0, scale: float = 1.0) -> Target:
+    """Target wrapper over `tiny_target_model` tapping the fixtures' layers."""
+    return Target(tiny_target_model(seed, scale=scale), tuple(fx.TAPS))
+
+
+def _random_drafter(raw: dict, shapes: dict, seed: int) -> Drafter:
+    cfg = normalize_drafter_config(raw)
+    drafter = Drafter(cfg)
+    weights = fx.random_weights(shapes, seed)
+    drafter.load_weights(list(weights.items()), strict=True)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def dspark_drafter(seed: int = 3, **config) -> Drafter:
+    """Random DeepSpec-layout drafter (Markov rank 8, confidence head), float32."""
+    return _random_drafter(fx.deepspec_config(**config), fx.deepspec_shapes(), seed)
+
+
+def dflash_drafter(target: Target, seed: int = 4) -> Drafter:
+    """Random z-lab-layout drafter bound to the target's embedding and lm_head."""
+    drafter = _random_drafter(fx.dflash_config(), fx.backbone_shapes(), seed)
+    return drafter.bind_target_model(target.model)
+
+
+class OracleDrafter:
+    """Duck-typed drafter whose drafts are the target's greedy continuation (shift != 0: wrong).
+
+    It recomputes the target over the committed tokens without a cache, so it is slow but exact.
+    `committed` must be the decoder's list (assign after constructing the decoder).
+    """
+
+    has_markov = False
+    has_confidence = False
+
+    def __init__(self, target: Target, shift: int = 0):
+        self.target, self.shift, self.committed = target, shift, None
+        self.config = normalize_drafter_config(fx.deepspec_config())
+
+    def make_cache(self):
+        return [0]
+
+    @staticmethod
+    def context_length(cache) -> int:
+        return cache[0]
+
+    def backbone(self, ctx_new, block_ids, cache):
+        cache[0] += 0 if ctx_new is None else ctx_new.shape[1]
+        ids = list(self.committed)
+        for _ in range(self.config.block_size):
+            logits = self.target.model(mx.array([ids]))[0, -1]
+            ids.append(mx.argmax(logits).item())
+        drafts = [(t + self.shift) % VOCAB for t in ids[len(self.committed):]]
+        return (100.0 * mx.eye(VOCAB)[mx.array(drafts)])[None]  # "h" rows are one-hot logits
+
+    def draft_hidden(self, h):
+        return h
+
+    def base_logits(self, h):
+        return h
