@@ -64,15 +64,30 @@ class OracleDrafter:
     """Duck-typed drafter whose drafts are the target's greedy continuation (shift != 0: wrong).
 
     It recomputes the target over the committed tokens without a cache, so it is slow but exact.
+    With `reference` (prompt + a known greedy output) it replays that instead, corrupting every
+    draft whose position p satisfies p % corrupt_every == 0: mixed acceptance at no model cost.
     `committed` must be the decoder's list (assign after constructing the decoder).
     """
 
     has_markov = False
     has_confidence = False
 
-    def __init__(self, target: Target, shift: int = 0):
+    def __init__(self, target: Target, shift: int = 0, reference: list[int] | None = None,
+                 corrupt_every: int = 0, vocab: int = VOCAB):
         self.target, self.shift, self.committed = target, shift, None
+        self.reference, self.corrupt_every, self.vocab = reference, corrupt_every, vocab
         self.config = normalize_drafter_config(fx.deepspec_config())
+
+    def _continuation(self) -> list[int]:
+        start, n = len(self.committed), self.config.block_size
+        if self.reference is None:
+            ids = list(self.committed)
+            for _ in range(n):
+                ids.append(mx.argmax(self.target.model(mx.array([ids]))[0, -1]).item())
+            return ids[start:]
+        out = (self.reference[start : start + n] + [0] * n)[:n]
+        every = self.corrupt_every
+        return [(t + 1) % self.vocab if every and (start + i) % every == 0 else t for i, t in enumerate(out)]
 
     def make_cache(self):
         return [0]
@@ -83,15 +98,11 @@ class OracleDrafter:
 
     def backbone(self, ctx_new, block_ids, cache):
         cache[0] += 0 if ctx_new is None else ctx_new.shape[1]
-        ids = list(self.committed)
-        for _ in range(self.config.block_size):
-            logits = self.target.model(mx.array([ids]))[0, -1]
-            ids.append(mx.argmax(logits).item())
-        drafts = [(t + self.shift) % VOCAB for t in ids[len(self.committed):]]
-        return (100.0 * mx.eye(VOCAB)[mx.array(drafts)])[None]  # "h" rows are one-hot logits
+        drafts = [(t + self.shift) % self.vocab for t in self._continuation()]
+        return mx.array(drafts)[None]  # "h" rows hold the draft ids; base_logits makes them one-hot
 
     def draft_hidden(self, h):
         return h
 
     def base_logits(self, h):
-        return h
+        return 100.0 * (mx.arange(self.vocab) == h[..., None]).astype(mx.float32)  # [.., V]
