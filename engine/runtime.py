@@ -70,11 +70,11 @@ def _drafter_source(spec: SpecConfig, model: str | None) -> str | None:
     return lookup_published_drafter(model, spec.mode) if model else None
 
 
-def _load_drafter(source: str, target: Target, model) -> object:
+def _load_drafter(source: str, target: Target, model, quantize: str | None) -> object:
     args = model.args if hasattr(model, "args") else None
     drafter, cfg = load_drafter(
         source, target_vocab_size=target.vocab_size, target_num_layers=target.num_layers,
-        target_hidden_size=getattr(args, "hidden_size", None),
+        target_hidden_size=getattr(args, "hidden_size", None), quantize=quantize,
     )
     if drafter.needs_target_binding:
         drafter.bind_target_model(model)
@@ -96,7 +96,7 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     else:
         probe = load_drafter_config_taps(source)
         target = Target(model, probe)
-        drafter, mode = _load_drafter(source, target, model), spec.mode
+        drafter, mode = _load_drafter(source, target, model, spec.drafter_quantization), spec.mode
     target.check_taps()
     curve, cap = None, None
     if drafter is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from engine.loading import hub
 from engine.models.drafter import Drafter, quantize_drafter
 from engine.models.drafter_config import (
     LEGACY_DSPARK_ARCH,
@@ -141,7 +142,7 @@ def resolve_drafter_path(path_or_id: str) -> Path:
         return path
     if path.exists():
         raise DrafterLoadError(f"{path} is a file; pass the drafter checkpoint directory")
-    if not _looks_like_hf_id(path_or_id):
+    if not hub.looks_like_hf_id(path_or_id):
         raise DrafterLoadError(
             f"drafter {path_or_id!r} is neither a local directory nor a Hugging Face id (org/name)")
     return _download(path_or_id)
@@ -256,31 +257,8 @@ def _is_packaging_token(token: str) -> bool:
         or (token.isdigit() and len(token) >= 6)
 
 
-def _looks_like_hf_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
-
-
-def _snapshot_download(repo_id: str) -> str:
-    # Imported lazily: huggingface_hub is slow to import and only needed for Hub ids.
-    import huggingface_hub
-
-    return huggingface_hub.snapshot_download(repo_id, allow_patterns=_HF_PATTERNS)
-
-
 def _download(repo_id: str) -> Path:
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
-
     try:
-        return Path(_snapshot_download(repo_id))
-    except LocalEntryNotFoundError as exc:
-        raise DrafterLoadError(
-            f"drafter '{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
-            "(offline, or HF_HUB_OFFLINE=1). Download it once with network access, or pass a local "
-            "checkpoint directory.") from exc
-    except RepositoryNotFoundError as exc:
-        raise DrafterLoadError(
-            f"Hugging Face repository '{repo_id}' does not exist, is private or is gated") from exc
-    except Exception as exc:  # noqa: BLE001 - network stacks raise many types; never surface a raw traceback
-        raise DrafterLoadError(f"could not download drafter '{repo_id}' from the Hugging Face Hub: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        return hub.download(repo_id, _HF_PATTERNS, what="drafter")
+    except hub.HubUnavailableError as exc:
+        raise DrafterLoadError(str(exc)) from exc

@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from engine.loading.default_model import ensure_default_model
 from engine.loading.gguf import ProgressFn
+from engine.loading.hub import HubUnavailableError, download, looks_like_hf_id
 
 log = logging.getLogger(__name__)
 
@@ -19,30 +20,6 @@ _HF_PATTERNS = ["*.json", "*.safetensors", "*.py", "*.jinja", "tokenizer.model",
 
 class ModelNotFoundError(ValueError):
     """The model spec is neither a local directory nor a reachable Hugging Face repository."""
-
-
-def _looks_like_hf_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
-
-
-def download_hf_snapshot(repo_id: str, allow_patterns: list[str]) -> Path:
-    """Local snapshot of a Hugging Face repository; a clear ModelNotFoundError when unreachable."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=allow_patterns))
-    except LocalEntryNotFoundError as exc:
-        raise ModelNotFoundError(
-            f"'{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
-            "(offline, or HF_HUB_OFFLINE=1). Download it once with network access, or pass a local "
-            "model directory."
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"Hugging Face repository '{repo_id}' does not exist or is private") from exc
-    except (HfHubHTTPError, OSError) as exc:
-        raise ModelNotFoundError(f"could not download '{repo_id}' from the Hugging Face Hub: {exc}") from exc
 
 
 def resolve_model_path(spec: str | None, progress: ProgressFn | None = None) -> Path:
@@ -56,9 +33,12 @@ def resolve_model_path(spec: str | None, progress: ProgressFn | None = None) -> 
         return path
     if path.exists():
         raise ModelNotFoundError(f"{path} is a file; pass the model directory")
-    if not _looks_like_hf_id(spec):
+    if not looks_like_hf_id(spec):
         raise ModelNotFoundError(f"'{spec}' is neither a local directory nor a Hugging Face id (org/name)")
-    return download_hf_snapshot(spec, _HF_PATTERNS)
+    try:
+        return download(spec, _HF_PATTERNS, what="model")
+    except HubUnavailableError as exc:
+        raise ModelNotFoundError(str(exc)) from exc
 
 
 def prefer_float32_on_cpu(model: nn.Module) -> None:

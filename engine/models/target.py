@@ -70,8 +70,24 @@ class Target:
         """ids [1, n] -> (logits [1, n, V] float32, taps [1, n, m*d] or None without taps)."""
         self._sink.clear()
         logits = self.model(ids, cache=cache).astype(mx.float32)
+        return logits, self._collect_taps()
+
+    def forward_hidden(self, ids: mx.array, cache: list | None = None) -> tuple[mx.array, mx.array | None]:
+        """ids [b, n] -> (final post-norm hidden [b, n, d] float32, taps [b, n, m*d] or None).
+
+        For drafter training: `lm_head(hidden)` gives the logits, so a feature cache can store the
+        hidden state [n, d] instead of logits [n, V]. Needs an mlx-lm model with an inner ``.model``.
+        """
+        inner = getattr(self.model, "model", None)
+        if inner is None:
+            raise TapError(f"{type(self.model).__name__} has no inner .model to read the final hidden state from")
+        self._sink.clear()
+        hidden = inner(ids, cache=cache).astype(mx.float32)
+        return hidden, self._collect_taps()
+
+    def _collect_taps(self) -> mx.array | None:
         if not self.tap_layer_ids:
-            return logits, None
+            return None
         if len(self._sink) != len(self.tap_layer_ids):
             raise TapError(f"expected {len(self.tap_layer_ids)} tap outputs, got {len(self._sink)}")
         # Taps fire in layer order; the drafter expects them in target_layer_ids order.
@@ -79,7 +95,7 @@ class Target:
         by_layer = dict(zip([self.tap_layer_ids[i] for i in order], self._sink))
         taps = mx.concatenate([by_layer[lid] for lid in self.tap_layer_ids], axis=-1)
         self._sink.clear()
-        return logits, taps.astype(mx.float32)
+        return taps.astype(mx.float32)
 
     def check_taps(self, probe_ids: list[int] | None = None) -> None:
         """Once per load: tapped logits equal the unwrapped model's logits on a probe input."""

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from engine.loading import drafter as loading
+from engine.loading import hub
 from engine.loading.drafter import (
     DrafterLoadError,
     load_drafter,
@@ -232,10 +232,10 @@ def test_offline_hub_id_gives_a_clear_error(monkeypatch):
     """An uncached Hub id while offline is a DrafterLoadError that says so, not a raw traceback."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    def offline(repo_id):
+    def offline(repo_id, allow_patterns):
         raise LocalEntryNotFoundError("Cannot find the requested files in the disk cache")
 
-    monkeypatch.setattr(loading, "_snapshot_download", offline)
+    monkeypatch.setattr(hub, "snapshot_download", offline)
     with pytest.raises(DrafterLoadError, match="not in the local Hugging Face cache.*offline"):
         load_drafter("deepseek-ai/dspark_qwen3_4b_block7", target_vocab_size=151936)
     with pytest.raises(DrafterLoadError, match="neither a local directory nor a Hugging Face id"):

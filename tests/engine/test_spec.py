@@ -102,31 +102,39 @@ def test_stop_token_inside_accepted_block(target):
 
 
 @pytest.mark.parametrize("layout", ["dspark", "dflash"])
-def test_index_convention_against_uncached_reference(target, layout):
-    """DSpark slot j drafts p+j+1, z-lab slot i drafts p+i: drafts match an uncached reference."""
+def test_index_convention_and_cache_against_uncached_reference(target, layout):
+    """DSpark slot j drafts p+j+1, z-lab slot i drafts p+i, and the incremental draft context cache
+    equals a full uncached recompute, over rounds with mixed (forced) accept lengths."""
     drafter = tiny.dspark_drafter() if layout == "dspark" else tiny.dflash_drafter(target)
-    dec = make_decoder(target, drafter, drafter.config.max_drafts)
-    out = dec.prefill(PROMPTS[1])
-    for _ in range(5):
-        committed = list(dec.committed)
-        p = len(committed) - 1
-        # Independent reference: taps of committed[:p] from a fresh uncached target forward.
-        _, taps = target.forward(mx.array([committed[:p]]), target.make_cache())
-        block = mx.array([[committed[-1]] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
-        h_ref = drafter.reference_forward(taps, block)[0]  # [B, d]
-        slot = 0 if layout == "dspark" else 1  # the slot that drafts position p + 1
-        logits = drafter.base_logits(h_ref[slot])
-        if drafter.has_markov:
-            logits = logits + drafter.markov_bias(mx.array([committed[-1]]))[0]
-        expected_first = mx.argmax(logits).item()
-        drafts, _ = dec._draft(limit=drafter.config.max_drafts)
-        assert drafts[0] == expected_first
-        # finish the round the normal way (re-verify the drafts we just made)
-        logits_v, taps_v = dec._verify(drafts)
-        n, tok = dec._accept(drafts, None, logits_v)
-        out += dec._commit(drafts[:n] + [tok])
-        dec._roll_back(len(drafts), n, taps_v)
-        dec.check_invariants()
+    cfg = drafter.config
+    dec = make_decoder(target, drafter, cfg.max_drafts)
+    seen = {}
+    real_draft_hidden = drafter.draft_hidden
+    drafter.draft_hidden = lambda h: (seen.__setitem__("h", h[0]), real_draft_hidden(h))[1]
+    try:
+        dec.prefill(PROMPTS[1])
+        for forced in (0, 2, 1, 3, 0, 2):
+            committed = list(dec.committed)
+            p = len(committed) - 1
+            drafts, _ = dec._draft(limit=cfg.max_drafts)
+            # Independent reference: taps of committed[:p] from a fresh uncached target forward.
+            _, taps = target.forward(mx.array([committed[:p]]), target.make_cache())
+            block = mx.array([[committed[-1]] + [cfg.mask_token_id] * (cfg.block_size - 1)])
+            h_ref = drafter.reference_forward(taps, block)[0]  # [B, d]
+            assert mx.allclose(seen["h"], h_ref, atol=1e-4).item()
+            slot = 0 if layout == "dspark" else 1  # the slot that drafts position p + 1
+            logits = drafter.base_logits(h_ref[slot])
+            if drafter.has_markov:
+                logits = logits + drafter.markov_bias(mx.array([committed[-1]]))[0]
+            assert drafts[0] == mx.argmax(logits).item()
+            # Commit `forced` drafts whatever the target says: exercises every roll-back length.
+            logits_v, taps_v = dec._verify(drafts)
+            n = min(forced, len(drafts))
+            dec._commit(drafts[:n] + [mx.argmax(logits_v[n]).item()])
+            dec._roll_back(len(drafts), n, taps_v)
+            dec.check_invariants()
+    finally:
+        del drafter.draft_hidden
 
 
 def test_confidence_threshold_truncation_is_lossless_greedy(target):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import engine  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_map_with_path
 from mlx_lm.models import llama
 
 from engine.models.drafter import Drafter

@@ -1,0 +1,247 @@
+"""One `train-drafter` run: data -> target features -> training loop -> save -> held-out eval -> STS.
+
+Everything a run writes lives under ``cfg.out``:
+    config.json, model.safetensors   the drafter (what `load_drafter` reads; copy these to ship it)
+    training.json                    data, settings, loss history, held-out metrics, wall times
+    samples.jsonl (+ .meta.json)     the tokenized training samples (reused on --resume)
+    continuations-<hash>.jsonl       target-generated answers, appended as they finish (resumable)
+    features/                        the chunked target-feature cache (resumable)
+    checkpoints/                     resumable training state
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+import mlx.core as mx
+
+from engine.loading.drafter import load_drafter
+from engine.models.target import Target
+from engine.train import data as D
+from engine.train.batch import valid_anchors
+from engine.train.checkpoint import latest_checkpoint
+from engine.train.config import TrainConfig, default_mask_token_id, make_drafter_config
+from engine.train.evaluate import heldout_estimate, speculative_rounds
+from engine.train.features import FeatureSource
+from engine.train.generate import generate_continuations
+from engine.train.loop import Trainer
+from engine.train.model import init_drafter, num_trainable, save_trained
+from engine.train.progress import ProgressBar
+from engine.train.sts import Rounds, calibrate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training and held-out data come from."""
+
+    text: tuple[str, ...] = ()  # text files or directories (every token is trained on)
+    chat_prompts: tuple[str, ...] = ()  # JSONL prompt files (answer tokens are trained on)
+    continuations: int = 0  # > 0: the target writes answers of up to this many tokens
+    gen_temperature: float = 0.0
+    gen_batch: int = 16
+    max_samples: int | None = None  # seeded random subset of the samples
+    heldout: int = 8  # samples held out of training (estimate, and eval prompts if none given)
+    eval_prompts: str | None = None  # JSONL prompts for the real-rounds evaluation
+    num_eval_prompts: int = 8
+    max_eval_prompt: int = 256  # longest held-out prompt, in tokens
+
+
+class OutputDirError(ValueError):
+    """The output directory holds a previous run and --resume was not given."""
+
+
+def run(cfg: TrainConfig, data: DataConfig, model_spec: str | None, *, resume: bool = False,
+        stream: TextIO | None = None) -> dict:
+    """The whole run on a target loaded by `load_target`; returns the training.json report."""
+    from engine.loading.target import load_target
+
+    bar = ProgressBar(cfg.steps, stream)
+    model, tokenizer, path = load_target(model_spec, bar.message)
+    return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, bar=bar)
+
+
+def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: str, *, resume: bool = False,
+                   bar: ProgressBar | None = None) -> dict:
+    """The whole run for an already loaded mlx-lm ``model`` (float32) and ``tokenizer``."""
+    _check_out(cfg.out, resume)
+    times, t0 = {}, time.perf_counter()
+    bar = bar or ProgressBar(cfg.steps)
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(tokenizer, model.args.vocab_size)
+    dcfg = make_drafter_config(cfg, model, mask_id)
+    samples = _samples(cfg, data, model, tokenizer, resume, bar)
+    train, held = D.split_heldout(samples, min(data.heldout, len(samples) - 1), cfg.seed)
+    times["data_s"] = time.perf_counter() - t0
+    bar.message(f"{len(train)} training samples ({sum(map(len, train))} tokens), {len(held)} held out")
+    target = Target(model, dcfg.target_layer_ids)
+    target.check_taps()
+    t1 = time.perf_counter()
+    features = FeatureSource(target, train, cfg.out / "features" if cfg.feature_cache else None,
+                             chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype, fingerprint_extra=str(path),
+                             progress=bar.message)
+    features.prepare()
+    times["features_s"] = time.perf_counter() - t1
+    drafter = init_drafter(dcfg, model, cfg.seed)
+    trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
+    bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
+    result = trainer.run(resume=resume)
+    save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
+    t2 = time.perf_counter()
+    prompts = _eval_prompts(data, held, tokenizer)
+    heldout = _evaluate(cfg, trainer, target, model, held, prompts, _eos_ids(tokenizer), bar)
+    times["eval_s"] = time.perf_counter() - t2
+    times["total_s"] = time.perf_counter() - t0
+    report = _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times, drafter)
+    (cfg.out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
+    bar.message(f"done: {cfg.out} (held-out greedy tau {heldout.get('greedy', {}).get('tau', float('nan')):.3f})")
+    return report
+
+
+# ---------------------------------------------------------------- data
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and (latest_checkpoint(out) is not None or (out / "samples.jsonl").exists()):
+        raise OutputDirError(f"{out} already holds a training run: pass --resume to continue it, "
+                             "or choose an empty --out directory")
+
+
+def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool, bar: ProgressBar) -> list[D.Sample]:
+    path, meta_path = cfg.out / "samples.jsonl", cfg.out / "samples.meta.json"
+    meta = {"data": asdict(data), "seq_len": cfg.seq_len, "seed": cfg.seed}
+    if resume and path.exists():
+        if meta_path.exists() and json.loads(meta_path.read_text()) != json.loads(json.dumps(meta)):
+            raise OutputDirError(f"{cfg.out} was prepared with other data settings; use a new --out")
+        return D.load_samples(path)
+    samples = _build_samples(cfg, data, model, tokenizer, bar)
+    if len(samples) < 2:
+        raise ValueError("need at least 2 usable training samples; give more --data or --chat-prompts")
+    D.save_samples(samples, path)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return samples
+
+
+def _build_samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, bar: ProgressBar) -> list[D.Sample]:
+    min_len = max(cfg.block_size + 2, 16)
+    samples = D.text_samples(D.list_text_files(list(data.text)), tokenizer, cfg.seq_len, min_len) if data.text else []
+    records = [r for f in data.chat_prompts for r in D.read_prompt_records(f)]
+    prompts = [D.record_prompt(r, tokenizer) for r in records]
+    if prompts and data.continuations > 0:
+        answers = _continuations(cfg, data, model, tokenizer, [p.ids for p in prompts], bar)
+        prompts = [D.Prompt(p.ids, a) for p, a in zip(prompts, answers)]
+    chat = [D.answer_sample(p.ids, p.answer or [], cfg.seq_len) for p in prompts]
+    samples += [s for s in chat if s is not None]
+    samples = [s for s in samples if valid_anchors(s).size]
+    bar.message(f"{len(samples)} samples ({len(records)} prompt records)")
+    return D.subsample(samples, data.max_samples, cfg.seed)
+
+
+def _continuations(cfg: TrainConfig, data: DataConfig, model, tokenizer, prompts: list[list[int]],
+                   bar: ProgressBar) -> list[list[int]]:
+    key = hashlib.sha256(json.dumps([prompts, data.continuations, data.gen_temperature, cfg.seed]).encode())
+    cache = cfg.out / f"continuations-{key.hexdigest()[:12]}.jsonl"
+    bar.message(f"generating target continuations for {len(prompts)} prompts (cache {cache.name})")
+    return generate_continuations(model, prompts, data.continuations, cache, temperature=data.gen_temperature,
+                                  stop_ids=_eos_ids(tokenizer), batch=data.gen_batch, seed=cfg.seed,
+                                  progress=bar.message)
+
+
+def _eval_prompts(data: DataConfig, held: list[D.Sample], tokenizer) -> list[list[int]]:
+    if data.eval_prompts:
+        records = D.read_prompt_records(data.eval_prompts)
+        prompts = [D.record_prompt(r, tokenizer).ids for r in records]
+    else:
+        prompts = [D.heldout_prompt(s, data.max_eval_prompt) for s in held]
+    return [p[-data.max_eval_prompt:] for p in prompts[: data.num_eval_prompts] if p]
+
+
+def _eos_ids(tokenizer) -> frozenset[int]:
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def evaluate_saved(out: Path, target: Target, model, prompts: list[list[int]], max_tokens: int, *,
+                   temperature: float = 0.0, stop_ids: frozenset[int] = frozenset(), seed: int = 0):
+    """Load ``out`` through the engine's loader (as serving does) and run real rounds on prompts."""
+    drafter, _ = load_drafter(str(out), target_vocab_size=target.vocab_size, target_num_layers=target.num_layers)
+    if drafter.needs_target_binding:
+        drafter.bind_target_model(model)
+    return speculative_rounds(target, drafter, prompts, max_tokens, temperature=temperature,
+                              stop_ids=stop_ids, seed=seed)
+
+
+def _evaluate(cfg: TrainConfig, trainer: Trainer, target: Target, model, held: list[D.Sample],
+              prompts: list[list[int]], stop_ids: frozenset[int], bar: ProgressBar) -> dict:
+    out: dict = {}
+    if held:
+        bar.message(f"held-out estimate on {len(held)} samples")
+        out["estimate"] = heldout_estimate(trainer, held, FeatureSource(target, held), cfg.anchors, cfg.seed)
+    if not prompts:
+        return out
+    bar.message(f"held-out greedy rounds on {len(prompts)} prompts x {cfg.eval_max_tokens} tokens")
+    stats, rounds = evaluate_saved(cfg.out, target, model, prompts, cfg.eval_max_tokens, stop_ids=stop_ids,
+                                   seed=cfg.seed)
+    out["greedy"] = {"tau": stats.mean_accepted_length, "acceptance_by_position": stats.acceptance_by_position,
+                     "rounds": stats.rounds, "generated_tokens": stats.generated_tokens, "prompts": len(prompts),
+                     "cap": stats.cap}
+    if trainer.drafter.has_confidence:
+        out["sts"] = _calibrate(cfg, target, model, prompts, rounds, stop_ids, bar)
+    return out
+
+
+def _calibrate(cfg: TrainConfig, target: Target, model, prompts: list[list[int]], rounds: list,
+               stop_ids: frozenset[int], bar: ProgressBar) -> dict:
+    if cfg.sts_temperature > 0:
+        bar.message(f"STS rounds at temperature {cfg.sts_temperature}")
+        _, rounds = evaluate_saved(cfg.out, target, model, prompts, cfg.eval_max_tokens,
+                                   temperature=cfg.sts_temperature, stop_ids=stop_ids, seed=cfg.seed + 1)
+    if not rounds:
+        return {"error": "no rounds recorded"}
+    report = calibrate(Rounds.from_lists(rounds, cfg.block_size))
+    report["sampling_temperature"] = cfg.sts_temperature
+    config_path = cfg.out / "config.json"
+    raw = json.loads(config_path.read_text())
+    raw["sts_temperatures"] = report["temperatures"]
+    config_path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    bar.message("STS temperatures " + " ".join(f"{t:.3g}" for t in report["temperatures"]))
+    return report
+
+
+# ---------------------------------------------------------------- report
+
+
+def _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times, drafter) -> dict:
+    tok_s = result.anchor_tokens / result.train_s if result.train_s else 0.0
+    return {
+        "variant": cfg.variant, "layout": cfg.resolved_layout, "target": str(path),
+        "drafter": {"architecture": dcfg.architecture, "block_size": dcfg.block_size, "drafts": dcfg.max_drafts,
+                    "layers": dcfg.num_hidden_layers, "markov_rank": dcfg.markov_rank,
+                    "confidence_head": dcfg.enable_confidence_head, "taps": list(dcfg.target_layer_ids),
+                    "mask_token_id": dcfg.mask_token_id, "trainable_parameters": num_trainable(drafter),
+                    "save_dtype": cfg.save_dtype},
+        "data": {**asdict(data), "samples": len(samples), "train_samples": len(train), "heldout_samples": len(held),
+                 "train_tokens": sum(map(len, train)), "train_loss_tokens": sum(s.num_loss_tokens for s in train)},
+        "train": {"steps": result.step, "batch": cfg.batch, "anchors": cfg.anchors, "lr": cfg.lr,
+                  "warmup_steps": cfg.warmup_steps, "seq_len": cfg.seq_len, "loss_weights": cfg.loss_weights,
+                  "loss_decay": cfg.loss_decay, "seed": cfg.seed, "resumed_from": result.resumed_from,
+                  "train_wall_s": round(result.train_s, 2), "anchor_tokens": result.anchor_tokens,
+                  "anchor_tokens_per_s": round(tok_s, 1), "feature_cache": cfg.feature_cache},
+        "history": result.history,
+        "heldout": heldout,
+        "wall_s": {k: round(v, 2) for k, v in times.items()},
+        "versions": {"mlx": mx.__version__},
+        **({"notes": cfg.extra} if cfg.extra else {}),
+    }

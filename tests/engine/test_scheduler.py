@@ -1,0 +1,89 @@
+"""Draft-length schedulers: fixed caps, threshold, the R = 1 Algorithm 1 and the cost-curve cache."""
+
+import json
+
+import pytest
+
+from engine import costs
+from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
+from tests.engine import tiny
+
+# Verify cost grows with width like BLIS on this CPU: 1, 1.5, 1.7, 1.9, 2.1 x one decode step.
+CURVE = CostCurve(verify_s=[1.0, 1.5, 1.7, 1.9, 2.1], draft_fixed_s=0.1, draft_per_token_s=0.02)
+
+
+def admitted(s, confidences, limit=10):
+    s.begin_round(limit)
+    n = 0
+    for k, c in enumerate(confidences, start=1):
+        if not s.admit(k, c):
+            break
+        n = k
+    return n
+
+
+def test_fixed_cap_and_round_limit():
+    """A fixed cap admits exactly min(cap, limit) drafts, whatever the confidences say."""
+    assert admitted(Scheduler(3), [0.0] * 5) == 3
+    assert admitted(Scheduler(3), [1.0] * 5, limit=2) == 2
+
+
+def test_threshold_on_prefix_survival():
+    """ThresholdScheduler stops at the first k whose product of confidences falls below theta."""
+    assert admitted(ThresholdScheduler(6, 0.5), [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]) == 6  # 0.9^6 = 0.53
+    assert admitted(ThresholdScheduler(6, 0.7), [0.9, 0.9, 0.9, 0.9]) == 3  # 0.729, then 0.656 < 0.7
+    assert admitted(ThresholdScheduler(6, 0.7), [0.5, 1.0]) == 0
+
+
+def test_auto_with_confidence_is_algorithm1_with_early_stop():
+    """Auto admits while (1 + sum a_j) / T(l) improves and stops at the first non-improvement."""
+    conf = [0.95, 0.9, 0.2, 0.99]
+    n = admitted(AutoScheduler(4, CURVE, use_confidence=True), conf)
+    rates, survival, expected = [1 / CURVE.round_time(0)], 1.0, 1.0
+    for k, c in enumerate(conf, start=1):
+        survival *= c
+        expected += survival
+        rates.append(expected / CURVE.round_time(k))
+    first_drop = next(k for k in range(1, 5) if rates[k] <= max(rates[:k]))
+    assert n == first_drop - 1 == 2
+    # even though a later position would look good again, the early stop never reaches it
+    assert admitted(AutoScheduler(4, CURVE, use_confidence=True), [0.95, 0.9, 0.2, 1.0]) == 2
+
+
+def test_auto_without_confidence_uses_estimates_fixed_per_round():
+    """Without a confidence head the cap comes from running acceptance estimates, not the drafts."""
+    s = AutoScheduler(4, CURVE, use_confidence=False, prior=0.9)
+    high = admitted(s, [None] * 4)
+    for _ in range(200):
+        s.observe(num_verified=4, num_accepted=0)
+    low = admitted(s, [None] * 4)
+    assert high >= 2 and low == 0
+    assert CURVE.best_cap([0.99] * 4, 4)[0] == 4 and CURVE.best_cap([0.1] * 4, 4)[0] == 0
+
+
+@pytest.mark.parametrize("make", [lambda: Scheduler(4), lambda: ThresholdScheduler(4, 0.4),
+                                  lambda: AutoScheduler(4, CURVE, use_confidence=True)])
+def test_non_anticipating(make):
+    """admit(k) is decided from c_1..c_k only: the draft sampled at k cannot change it."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        conf = [rng.random() for _ in range(4)]
+        s1, s2 = make(), make()
+        s1.begin_round(4)
+        s2.begin_round(4)
+        for k in range(1, 5):
+            assert s1.admit(k, conf[k - 1]) == s2.admit(k, conf[k - 1])
+
+
+def test_cost_curve_measured_once_and_cached(tmp_path, monkeypatch):
+    """The round-cost curve is measured on first use and read back from the cache afterwards."""
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    target, drafter = tiny.tiny_target(), tiny.dspark_drafter()
+    curve = costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4)
+    assert len(curve.verify_s) == 5 and all(t > 0 for t in curve.verify_s)
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["meta"]["model"] == "tiny-model"
+    monkeypatch.setattr(costs, "measure_curve", lambda *a: pytest.fail("measured again"))
+    assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).verify_s == curve.verify_s
