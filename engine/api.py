@@ -82,6 +82,7 @@ class EngineInfo:
     cap: int | None  # effective draft cap (the auto choice once measured); None for baseline
     context_length: int
     sampler: SamplerName
+    vocab_size: int = 0  # token ids must be < vocab_size (0: unknown, not checked)
 
 
 @dataclass
@@ -197,6 +198,12 @@ class ContextLengthExceeded(EngineInputError):
     """Prompt plus max_tokens exceed the model's context window."""
 
     code = "context_length_exceeded"
+
+
+class EngineCancelled(EngineError):
+    """The request was cancelled (its consumer went away); nobody normally sees this."""
+
+    code = "cancelled"
 
 
 class EngineOverloaded(EngineError):

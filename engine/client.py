@@ -94,7 +94,10 @@ class EngineClient:
 
     def encode_text(self, text: str) -> list[int]:
         """Prompt ids for raw text (no template)."""
-        return list(self._tokenizer().encode(text))
+        try:
+            return list(self._tokenizer().encode(text))
+        except (ValueError, TypeError) as exc:
+            raise EngineInputError(f"could not tokenize the prompt: {exc}", param="prompt") from exc
 
     # ------------------------------------------------------------------ requests
 
@@ -119,6 +122,9 @@ class EngineClient:
     def _validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
             raise EngineInputError("the prompt is empty", param="messages")
+        vocab = self.info().vocab_size
+        if vocab and any(not 0 <= t < vocab for t in request.prompt_ids):
+            raise EngineInputError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if request.max_tokens < 1:
             raise EngineInputError("max_tokens must be at least 1", param="max_tokens")
         limit = self.info().context_length

@@ -107,7 +107,7 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
             cap = curve.best_cap([0.6] * max_len, max_len)[0] or 1
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
-        context_length=_context_length(model, tokenizer), sampler=spec.sampler,
+        context_length=_context_length(model, tokenizer), sampler=spec.sampler, vocab_size=target.vocab_size,
     )
     return Runtime(target, drafter, tokenizer, info, _eos_ids(tokenizer), spec, curve)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.api import (
-    EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SpecStats, TokenEvent, Usage,
+    EngineCancelled, EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SpecStats, TokenEvent, Usage,
 )
 from engine.sampling import SamplerSettings
 from engine.spec import DecodeOptions, SpecDecoder
@@ -79,10 +79,8 @@ class EngineWorker(threading.Thread):
         from engine.runtime import build_runtime
 
         try:
-            import mlx.core as mx
-
-            # One stream per thread (mlx-lm #1090): this thread owns all MLX work.
-            mx.set_default_stream(mx.new_stream(mx.default_device()))
+            # All MLX work happens on this thread, on the default stream. (A stream created here
+            # with mx.new_stream made the process abort at exit about 1 run in 5.)
             self.runtime = (self._factory or build_runtime)(self.config)
         except Exception as exc:  # load failures make the engine dead, reported by /health
             log.error("engine failed to load: %s\n%s", exc, traceback.format_exc())
@@ -154,7 +152,7 @@ def run_request(runtime, request: GenerationRequest, cancelled: threading.Event,
             reason = "length"
             break
         if cancelled.is_set():
-            return Failed(EngineError("cancelled"))
+            return Failed(EngineCancelled("cancelled"))
         tokens = decoder.step(request.max_tokens - len(total))
     tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
     if stops.stopped:
@@ -168,3 +166,21 @@ def _visible(tokens: list[int], decoder: SpecDecoder, runtime) -> list[int]:
     if decoder.done and tokens and tokens[-1] in decoder.opts.stop_ids:
         return tokens[:-1]
     return tokens
+
+
+def exit_process(code: int) -> None:
+    """Flush and exit without running C++ static destructors.
+
+    MLX 0.32 can abort at interpreter exit ("terminate called without an active exception") once
+    it has evaluated arrays on a non-main thread (ml-explore/mlx#3126), turning a clean shutdown
+    into exit code 134. Processes that ran the worker thread call this after their own cleanup.
+    """
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -26,3 +26,17 @@ def default_target(default_model_dir):
 
     model, tokenizer, _ = load_target(str(default_model_dir))
     return model, tokenizer
+
+
+_exit_status = {"code": 0}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _exit_status["code"] = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    """Exit without C++ static destructors: MLX used on worker threads can abort at exit (mlx#3126)."""
+    from engine.worker import exit_process
+
+    exit_process(_exit_status["code"])

@@ -93,8 +93,8 @@ def test_greedy_equivalence_20_prompts(default_target):
     assert all(gap <= TIE_EPS for _, _, gap in divergences), divergences
 
 
-def _run(runtime, prompt, seed, n=24):
-    request = GenerationRequest("t", tuple(prompt), n, SamplingParams(temperature=0.8, top_p=0.95, seed=seed,
+def _run(runtime, prompt, seed, n=24, temperature=0.8):
+    request = GenerationRequest("t", tuple(prompt), n, SamplingParams(temperature=temperature, top_p=0.95, seed=seed,
                                                                        sampler="seed-stable"))
     ids = []
     finished = run_request(runtime, request, __import__("threading").Event(), lambda ev: ids.extend(ev.token_ids))
@@ -102,7 +102,8 @@ def _run(runtime, prompt, seed, n=24):
 
 
 def test_seed_stable_same_tokens_across_modes_and_caps(default_model_dir, drafter_dirs):
-    """seed-stable: one seed gives identical tokens in baseline, dspark and dflash at several caps."""
+    """seed-stable: one seed gives identical tokens in baseline, dspark and dflash at several caps
+    (and greedy output is identical across them)."""
     configs = [("baseline", None, 1)] + [("dspark", drafter_dirs["dspark"], c) for c in (1, 3, 5)] + \
               [("dflash", drafter_dirs["dflash"], c) for c in (2, 4)]
     runtimes = {}
@@ -114,7 +115,10 @@ def test_seed_stable_same_tokens_across_modes_and_caps(default_model_dir, drafte
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
         reference, _ = _run(runtimes[("baseline", 1)], prompt, seed)
         assert len(reference) > 5
+        greedy, _ = _run(runtimes[("baseline", 1)], prompt, seed, temperature=0.0)
         for key, runtime in runtimes.items():
             assert runtime.info.mode == key[0]
             ids, finished = _run(runtime, prompt, seed)
             assert ids == reference, key
+            # the real (random) drafters through the whole runtime: greedy equals baseline too
+            assert _run(runtime, prompt, seed, temperature=0.0)[0] == greedy, key

@@ -1,0 +1,103 @@
+"""`create_app`: the FastAPI app over one engine.
+
+The lifespan creates and starts `engine.client.EngineClient(settings.to_engine_config())` unless
+an engine was injected (tests inject a scripted fake), and shuts it down at exit. Loading runs in
+the engine's worker thread, so the server answers /health (503) while the models load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from starlette.middleware.cors import CORSMiddleware
+
+from engine.api import EngineInfo
+from server import errors, metrics, openapi
+from server.errors import APIError
+from server.middleware import ApiKeyMiddleware
+from server.routes import chat, completions, health, models
+from server.runtime import EngineLike, Runtime
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+ReadyHook = Callable[[EngineInfo], None]
+
+GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+DESCRIPTION = (
+    "OpenAI-compatible server with lossless speculative decoding (DSpark, DFlash) on MLX. "
+    "Errors are OpenAI-shaped; unsupported OpenAI fields are refused with a 400 naming the field."
+)
+
+
+def create_app(settings: ServerSettings | None = None, engine: EngineLike | None = None, *,
+               on_ready: ReadyHook | None = None) -> FastAPI:
+    """The app; `engine` replaces the real engine client (it is then neither started nor owned)."""
+    settings = settings or ServerSettings()
+    runtime = Runtime(settings, engine)
+    app = FastAPI(title="dspark-serve", version="0.1.0", description=DESCRIPTION,
+                  lifespan=_make_lifespan(runtime, owns_engine=engine is None, on_ready=on_ready))
+    app.state.runtime = runtime
+    errors.install(app, on_error=lambda request, exc: _count_refusal(runtime, request, exc))
+    for module in (chat, completions, models, health):
+        app.include_router(module.router)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.allowed_origins:  # added last: outermost, so 401s carry CORS headers too
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"])
+    app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
+    return app
+
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _make_lifespan(runtime: Runtime, owns_engine: bool, on_ready: ReadyHook | None) -> Lifespan:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.drain.bind(asyncio.get_running_loop())
+        engine = runtime.engine
+        if engine is None:
+            from engine.client import EngineClient  # the real engine only when none was injected
+
+            engine = runtime.engine = EngineClient(runtime.settings.to_engine_config())
+        if owns_engine:
+            engine.start()
+        watcher = asyncio.create_task(_announce_when_ready(runtime, on_ready))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            if owns_engine:
+                await engine.shutdown()
+
+    return lifespan
+
+
+async def _announce_when_ready(runtime: Runtime, on_ready: ReadyHook | None) -> None:
+    """Log (and call `on_ready`) once the engine has loaded, or log why it died."""
+    while runtime.state == "loading" or (runtime.state == "ready" and runtime.engine and not runtime.engine.info()):
+        await asyncio.sleep(0.1)
+    engine = runtime.engine
+    if runtime.state == "dead" or engine is None:
+        log.error("engine failed to start: %s", engine.dead_reason if engine else "no engine")
+        return
+    info = engine.info()
+    assert info is not None
+    log.info("serving %s (mode %s, drafter %s, cap %s) at %s", info.model_id, info.mode, info.drafter, info.cap,
+             runtime.settings.base_url())
+    if on_ready is not None:
+        on_ready(info)
+
+
+def _count_refusal(runtime: Runtime, request: Request, exc: APIError) -> None:
+    """Count generation requests refused before admission (admitted ones count themselves)."""
+    endpoint = GENERATION_ENDPOINTS.get(request.url.path)
+    if endpoint is not None and not exc.counted:
+        runtime.metrics.count(endpoint, metrics.outcome_for_status(exc.status))

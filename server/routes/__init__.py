@@ -1,0 +1,1 @@
+"""HTTP routes: thin handlers (parse -> submit -> stream or JSON)."""

@@ -1,0 +1,35 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server import convert, generation
+from server.deps import ChatBody, RuntimeDep
+from server.openapi import error_responses, ok_response, request_body
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={**ok_response("ChatCompletionResponse", "ChatCompletionChunk"),
+               **error_responses(400, 401, 404, 413, 429, 500, 503)},
+    openapi_extra=request_body("ChatCompletionRequest"),
+)
+async def create_chat_completion(request: Request, body: ChatBody, runtime: RuntimeDep) -> Response:
+    """Create a chat completion (OpenAI protocol), streamed as SSE when `stream` is true.
+
+    Every refusal (400, 404, 429, 503) is returned before a stream starts; the final chunk and
+    the JSON reply carry `dspark_stats`, the request's speculative-decoding statistics.
+    """
+    engine, info = runtime.ready_engine()
+    model = runtime.resolve_model(body.model, info)
+    prompt_ids = engine.encode_chat(convert.chat_messages(body), body.chat_template_kwargs)
+    request_id = convert.new_id("chatcmpl")
+    fmt = convert.ChatFormatter(request_id, model, body.include_usage)
+    gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length)
+    job = generation.start(runtime, engine, gen, endpoint="chat")
+    return await generation.respond(runtime, job, fmt, request, stream=bool(body.stream))

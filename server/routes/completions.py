@@ -1,0 +1,34 @@
+"""POST /v1/completions (legacy text completions)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server import convert, generation
+from server.deps import CompletionBody, RuntimeDep
+from server.openapi import error_responses, ok_response, request_body
+
+router = APIRouter(tags=["completions"])
+
+
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    responses={**ok_response("CompletionResponse", "CompletionResponse"),
+               **error_responses(400, 401, 404, 413, 429, 500, 503)},
+    openapi_extra=request_body("CompletionRequest"),
+)
+async def create_completion(request: Request, body: CompletionBody, runtime: RuntimeDep) -> Response:
+    """Complete raw text (no chat template); `prompt` is a string or a list of token ids.
+
+    Streams as SSE when `stream` is true; refusals come before the stream starts.
+    """
+    engine, info = runtime.ready_engine()
+    model = runtime.resolve_model(body.model, info)
+    prompt_ids = engine.encode_text(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    request_id = convert.new_id("cmpl")
+    fmt = convert.CompletionFormatter(request_id, model, body.include_usage)
+    gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length)
+    job = generation.start(runtime, engine, gen, endpoint="completions")
+    return await generation.respond(runtime, job, fmt, request, stream=bool(body.stream))

@@ -1,0 +1,169 @@
+"""End to end on the real engine and default model: `dspark serve` in a subprocess, driven over HTTP.
+
+Greedy text through the server equals `dspark generate`'s for the same prompt and mode; streaming,
+identical concurrent requests, a disconnect that frees the worker, and the SIGTERM drain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "What is the capital of France?"
+MAX_TOKENS = 24
+
+
+def _env() -> dict[str, str]:
+    """The test environment without DSPARK_* settings (the cache location excepted)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_") or k == "DSPARK_CACHE"}
+
+
+class ServeProcess:
+    """`dspark serve` running in a child process; its output is collected by a thread."""
+
+    def __init__(self, port: int) -> None:
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dspark_cli.main", "serve", "--port", str(port), "--drain-grace", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+        self.output: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def wait_ready(self, timeout: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "".join(self.output)
+            try:
+                r = httpx.get(f"{self.base_url}/health", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("server not ready:\n" + "".join(self.output))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def served(default_model_dir) -> Iterator[ServeProcess]:
+    """The real server over the embedded default model, in its default mode."""
+    server = ServeProcess(free_port())
+    try:
+        server.health = server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def _client(served: ServeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client: openai.OpenAI, **extra) -> openai.types.chat.ChatCompletion:
+    return client.chat.completions.create(model="default", messages=[{"role": "user", "content": PROMPT}],
+                                          temperature=0, max_tokens=MAX_TOKENS, **extra)
+
+
+def test_ready_health_says_what_is_served(served):
+    """/health reports the effective mode and the ready line is printed with the URL."""
+    assert served.health["state"] == "ready" and served.health["mode"] in ("dspark", "dflash", "baseline")
+    assert any(f"{served.base_url}/v1" in line and "ready" in line for line in served.output)
+
+
+def test_greedy_text_equals_dspark_generate(served):
+    """Greedy text through the server equals `dspark generate --json` for the same prompt and mode."""
+    reply = _chat(_client(served))
+    cli = subprocess.run([sys.executable, "-m", "dspark_cli.main", "generate", "--json", "--prompt", PROMPT,
+                          "--max-tokens", str(MAX_TOKENS), "--mode", served.health["mode"]],
+                         capture_output=True, text=True, timeout=300, check=True, env=_env())
+    expected = json.loads(cli.stdout.strip().splitlines()[-1])
+    assert reply.choices[0].message.content == expected["text"]
+    assert reply.usage.completion_tokens == len(expected["tokens"])
+    assert reply.model_extra["dspark_stats"]["mode"] == served.health["mode"]
+
+
+def test_stream_and_concurrent_requests_agree(served):
+    """Streamed text equals the non-streamed text, and identical concurrent greedy requests agree."""
+    client = _client(served)
+    baseline = _chat(client).choices[0].message.content
+    chunks = list(_chat(client, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == baseline
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(_chat(client).choices[0].message.content))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [baseline] * 3
+
+
+def test_disconnect_frees_the_worker(served):
+    """A long stream whose client disconnects stops; a probe request then completes promptly."""
+    body = json.dumps({"model": "default", "stream": True, "max_tokens": 4000, "temperature": 0.7,
+                       "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}).encode()
+    port = int(served.base_url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while received.count(b'"content"') < 3:
+        received += sock.recv(65536)
+    sock.close()
+    t0 = time.monotonic()
+    probe = _client(served).chat.completions.create(model="default", max_tokens=4, temperature=0,
+                                                    messages=[{"role": "user", "content": "Hi"}])
+    assert probe.choices[0].message.content and time.monotonic() - t0 < 10.0
+
+
+def test_sigterm_drains_then_exits(served):
+    """On SIGTERM an in-flight stream ends with its finish chunk and [DONE], and the process exits.
+
+    Last in this module on purpose: it stops the shared server.
+    """
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        body = {"model": "default", "stream": True, "max_tokens": 48, "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPT}]}
+        with httpx.Client(timeout=120) as c, c.stream("POST", f"{served.base_url}/v1/chat/completions",
+                                                      json=body) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(60)
+    served.proc.send_signal(signal.SIGTERM)
+    reader.join(60)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+    served.proc.wait(30)
