@@ -83,6 +83,8 @@ class EngineInfo:
     context_length: int
     sampler: SamplerName
     vocab_size: int = 0  # token ids must be < vocab_size (0: unknown, not checked)
+    requested_mode: Mode | None = None  # what was asked for, when it differs from `mode`
+    mode_note: str | None = None  # why `mode` differs from the request (e.g. no drafter known)
 
 
 @dataclass

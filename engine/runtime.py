@@ -88,9 +88,11 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     spec = config.spec
     model, tokenizer, path = load_target(config.model, progress)
     source = None if spec.mode == "baseline" else _drafter_source(spec, config.model)
+    note = None
     if spec.mode != "baseline" and source is None:
-        log.warning("no %s drafter is known for %s: serving in BASELINE mode (plain decoding). "
-                    "Pass --drafter PATH_OR_ID to enable speculation.", spec.mode, config.model or DEFAULT_MODEL_NAME)
+        note = (f"no {spec.mode} drafter is known for {config.model or DEFAULT_MODEL_NAME}: serving in baseline "
+                "mode (plain decoding); pass --drafter PATH_OR_ID to enable speculation")
+        log.warning(note)
     if source is None:
         target, drafter, mode = Target(model), None, "baseline"
     else:
@@ -108,6 +110,7 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model, tokenizer), sampler=spec.sampler, vocab_size=target.vocab_size,
+        requested_mode=spec.mode if spec.mode != mode else None, mode_note=note,
     )
     return Runtime(target, drafter, tokenizer, info, _eos_ids(tokenizer), spec, curve)
 

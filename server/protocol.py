@@ -474,3 +474,5 @@ class Health(BaseModel):
     max_queue: int
     draining: bool
     dead_reason: str | None = None
+    requested_mode: str | None = None  # set when the served mode differs from the requested one
+    mode_note: str | None = None  # why (e.g. no drafter is known for the target)

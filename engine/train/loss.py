@@ -35,9 +35,22 @@ def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array) -> mx.a
     return logits
 
 
+def softmax_and_logz(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """(probs [R, V], log-partition [R, 1]) with a single exp pass over the vocabulary.
+
+    On the CPU every [R, V] exp costs as much as a large matmul; this replaces the usual
+    logsumexp + exp (and the exp that logsumexp's backward recomputes) by one exp whose output
+    the backward reuses. The max is a constant shift, so it carries no gradient.
+    """
+    shift = mx.stop_gradient(logits.max(axis=-1, keepdims=True))
+    e = mx.exp(logits - shift)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / total, shift + mx.log(total)
+
+
 def block_losses(drafter: Drafter, target_head: HeadFn, h_rows: mx.array, batch: BlockBatch,
                  alphas: tuple[float, float, float], with_target: bool) -> tuple[mx.array, dict]:
-    """(total loss, parts) for h_rows [R, d]; parts has ce/tv/conf scalars, cstar and conf_prob [R].
+    """(total loss, parts) for h_rows [R, d]; parts has ce/tv/conf scalars and [R] row stats.
 
     ``with_target`` computes p_k (needed by TV and the confidence head; optional for a CE-only
     variant, which then reports no acceptance estimate).
@@ -45,19 +58,18 @@ def block_losses(drafter: Drafter, target_head: HeadFn, h_rows: mx.array, batch:
     a_ce, a_tv, a_conf = alphas
     w = batch.weights
     wsum = w.sum()
-    logits = draft_logits(drafter, h_rows, batch.prev_ids)
-    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [R, V]
-    ce_rows = -mx.take_along_axis(logq, batch.labels[:, None], axis=-1)[:, 0]
+    logits = draft_logits(drafter, h_rows, batch.prev_ids)  # [R, V]
+    q, logz = softmax_and_logz(logits)
+    ce_rows = logz[:, 0] - mx.take_along_axis(logits, batch.labels[:, None], axis=-1)[:, 0]  # -log q(label)
     parts = {"ce": (w * ce_rows).sum() / wsum}
     total = a_ce * parts["ce"]
     if not with_target:
         return total, parts
     hidden = batch.hidden.reshape(-1, batch.hidden.shape[-1])[batch.target_rows]  # [R, d]
     target_logits = target_head(hidden).astype(mx.float32)
-    logp = target_logits - mx.logsumexp(target_logits, axis=-1, keepdims=True)
+    p = mx.softmax(target_logits, axis=-1)
     # Without a TV term, keep q out of the backward graph (monitoring only).
-    q = mx.exp(logq if a_tv > 0 else mx.stop_gradient(logq))
-    tv_rows = mx.abs(q - mx.exp(logp)).sum(axis=-1)  # [R]
+    tv_rows = mx.abs((q if a_tv > 0 else mx.stop_gradient(q)) - p).sum(axis=-1)  # [R]
     cstar = mx.stop_gradient(mx.clip(1.0 - 0.5 * tv_rows, 0.0, 1.0))
     # Greedy acceptance of the row: the draft argmax equals the target argmax.
     match = mx.stop_gradient(mx.argmax(logits, axis=-1) == mx.argmax(target_logits, axis=-1)).astype(mx.float32)

@@ -56,4 +56,6 @@ def _health(runtime: Runtime) -> Health:
         "max_queue": settings.max_queue,
         "draining": runtime.drain.draining,
         "dead_reason": engine.dead_reason if engine is not None and state == "dead" else None,
+        "requested_mode": info.requested_mode if info else None,
+        "mode_note": info.mode_note if info else None,
     })
