@@ -70,7 +70,7 @@ class FeatureSource:
         if dtype not in _DTYPES:
             raise ValueError(f"unknown feature dtype {dtype!r}; choose one of {tuple(_DTYPES)}")
         self.target, self.samples, self.cache_dir = target, samples, cache_dir
-        self.chunk = chunk if cache_dir is not None else max(1, len(samples))
+        self.chunk = chunk  # also the unit of the data order, cached or not (same batches either way)
         self.dtype, self.progress = dtype, progress
         self.extra = fingerprint_extra
         self._lru: OrderedDict[int, dict[str, mx.array]] = OrderedDict()

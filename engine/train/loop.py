@@ -130,8 +130,13 @@ class Trainer:
 
     # ------------------------------------------------------------ the run
 
-    def run(self, resume: bool = False, stop_after: int | None = None) -> LoopResult:
-        """Train from step 0 (or the latest checkpoint when ``resume``) to ``cfg.steps``."""
+    def run(self, resume: bool = False, stop_after: int | None = None, save_on_stop: bool = False) -> LoopResult:
+        """Train from step 0 (or the latest checkpoint when ``resume``) to ``cfg.steps``.
+
+        ``stop_after`` ends this invocation after that many steps by raising `TrainingStopped`;
+        with ``save_on_stop`` it first checkpoints (a planned pause), otherwise it behaves like a
+        crash and a resume restarts from the last periodic checkpoint.
+        """
         result = self._restore() if resume else LoopResult(step=0)
         meter = _Meter()
         cfg, alphas = self.cfg, self.cfg.loss_weights
@@ -152,8 +157,10 @@ class Trainer:
                 meter = _Meter()
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 self._save(result)
-            if stop_after is not None and step + 1 - (result.resumed_from or 0) >= stop_after:
-                raise TrainingStopped(f"stopped after step {step + 1} (stop_after={stop_after})")
+            if stop_after is not None and step + 1 < cfg.steps and step + 1 - (result.resumed_from or 0) >= stop_after:
+                if save_on_stop:
+                    self._save(result)
+                raise TrainingStopped(f"stopped after step {step + 1} of {cfg.steps}; continue with --resume")
         self.progress.close()
         return result
 

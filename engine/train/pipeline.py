@@ -59,17 +59,21 @@ class OutputDirError(ValueError):
 
 
 def run(cfg: TrainConfig, data: DataConfig, model_spec: str | None, *, resume: bool = False,
-        stream: TextIO | None = None) -> dict:
-    """The whole run on a target loaded by `load_target`; returns the training.json report."""
+        stop_after: int | None = None, stream: TextIO | None = None) -> dict:
+    """The whole run on a target loaded by `load_target`; returns the training.json report.
+
+    With ``stop_after`` the loop checkpoints and raises `TrainingStopped` after that many steps
+    (continue later with ``resume=True``); evaluation only runs once all steps are done.
+    """
     from engine.loading.target import load_target
 
     bar = ProgressBar(cfg.steps, stream)
     model, tokenizer, path = load_target(model_spec, bar.message)
-    return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, bar=bar)
+    return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, stop_after=stop_after, bar=bar)
 
 
 def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: str, *, resume: bool = False,
-                   bar: ProgressBar | None = None) -> dict:
+                   stop_after: int | None = None, bar: ProgressBar | None = None) -> dict:
     """The whole run for an already loaded mlx-lm ``model`` (float32) and ``tokenizer``."""
     _check_out(cfg.out, resume)
     times, t0 = {}, time.perf_counter()
@@ -91,7 +95,7 @@ def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: s
     drafter = init_drafter(dcfg, model, cfg.seed)
     trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
     bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
-    result = trainer.run(resume=resume)
+    result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
     save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
     t2 = time.perf_counter()
     prompts = _eval_prompts(data, held, tokenizer)
@@ -116,7 +120,9 @@ def _check_out(out: Path, resume: bool) -> None:
 
 def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool, bar: ProgressBar) -> list[D.Sample]:
     path, meta_path = cfg.out / "samples.jsonl", cfg.out / "samples.meta.json"
-    meta = {"data": asdict(data), "seq_len": cfg.seq_len, "seed": cfg.seed}
+    # What decides the samples and the train / held-out split (eval settings may change on resume).
+    keys = ("text", "chat_prompts", "continuations", "gen_temperature", "max_samples", "heldout")
+    meta = {"data": {k: getattr(data, k) for k in keys}, "seq_len": cfg.seq_len, "seed": cfg.seed}
     if resume and path.exists():
         if meta_path.exists() and json.loads(meta_path.read_text()) != json.loads(json.dumps(meta)):
             raise OutputDirError(f"{cfg.out} was prepared with other data settings; use a new --out")

@@ -1,0 +1,132 @@
+"""`dspark train-drafter`: distil a DSpark (or DFlash) drafter for an mlx-lm target.
+
+Example (the default SmolLM2 target, Python docs, a short run):
+
+    dspark train-drafter --data /usr/share/doc/python3.11/html/_sources/tutorial \\
+        --out runs/smollm2-dspark --steps 2000 --block-size 7 --layers 2
+
+Interrupted runs continue with the same command plus ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated layer ids, e.g. 1,14,27") from None
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train-drafter", help="train a DSpark or DFlash drafter for a target model",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("target and data")
+    g.add_argument("--model", default=os.environ.get("DSPARK_MODEL"),
+                   help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct")
+    g.add_argument("--data", action="append", default=[], metavar="PATH",
+                   help="text file or directory (*.txt, *.rst, *.md, *.py); repeatable; every token is trained on")
+    g.add_argument("--chat-prompts", action="append", default=[], metavar="JSONL",
+                   help='prompt records {"messages": [...]}, {"prompt": "..."} or {"text": "..."}; repeatable')
+    g.add_argument("--generate-continuations", type=int, default=0, metavar="N",
+                   help="the target answers each prompt with up to N tokens (batched); 0 = use the records' answers")
+    g.add_argument("--gen-temperature", type=float, default=0.0, help="sampling temperature of the continuations")
+    g.add_argument("--gen-batch", type=int, default=16, help="prompts generated together")
+    g.add_argument("--seq-len", type=int, default=512, help="tokens per training sample (text is chunked)")
+    g.add_argument("--max-samples", type=int, default=None, help="use a seeded random subset of the samples")
+    g.add_argument("--heldout", type=int, default=8, help="samples held out for evaluation")
+    g.add_argument("--eval-prompts", default=None, metavar="JSONL",
+                   help="held-out prompts for the real-rounds evaluation (default: prefixes of held-out samples)")
+    g.add_argument("--num-eval-prompts", type=int, default=8)
+    g.add_argument("--eval-max-tokens", type=int, default=64, help="tokens generated per evaluation prompt")
+    d = p.add_argument_group("drafter")
+    d.add_argument("--variant", choices=["dspark", "dflash"], default="dspark")
+    d.add_argument("--layout", choices=["deepspec", "compact", "zlab"], default=None,
+                   help="checkpoint layout; default deepspec for dspark, zlab for dflash (compact = no embedding copy)")
+    d.add_argument("--layers", type=int, default=2, help="draft decoder layers")
+    d.add_argument("--block-size", type=int, default=7, help="drafts per round (zlab stores one extra slot)")
+    d.add_argument("--markov-rank", type=int, default=64, help="Markov head rank r (dspark)")
+    d.add_argument("--markov-head", choices=["vanilla", "gated"], default="vanilla")
+    d.add_argument("--taps", type=_int_list, default=None, help="target layers to tap, e.g. 1,14,27")
+    d.add_argument("--num-taps", type=int, default=3, help="taps spread over the target when --taps is not given")
+    d.add_argument("--mask-token-id", type=int, default=None, help="default: an unused special token")
+    t = p.add_argument_group("optimisation")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--batch", type=int, default=2, help="sequences per step")
+    t.add_argument("--anchors", type=int, default=64, help="anchor blocks per sequence")
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--warmup", type=float, default=0.04, help="warm-up fraction of the steps")
+    t.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output and resume")
+    o.add_argument("--out", required=True, type=Path, help="output directory (drafter, training.json, checkpoints)")
+    o.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    o.add_argument("--checkpoint-every", type=int, default=100)
+    o.add_argument("--stop-after", type=int, default=None, metavar="N",
+                   help="pause after N steps of this invocation (checkpointed; continue with --resume)")
+    o.add_argument("--log-every", type=int, default=10)
+    o.add_argument("--no-feature-cache", action="store_true", help="recompute target features every step")
+    o.add_argument("--feature-dtype", choices=["float32", "float16"], default="float32",
+                   help="storage dtype of the feature cache (training always computes in float32)")
+    o.add_argument("--save-dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    o.add_argument("--sts-temperature", type=float, default=0.0,
+                   help="sampling temperature of the STS calibration rounds (0 = greedy)")
+    p.set_defaults(run=run)
+
+
+def configs(args):
+    """(TrainConfig, DataConfig) from parsed flags."""
+    from engine.train.config import TrainConfig
+    from engine.train.pipeline import DataConfig
+
+    cfg = TrainConfig(
+        out=args.out, variant=args.variant, layout=args.layout, num_layers=args.layers, block_size=args.block_size,
+        markov_rank=args.markov_rank, markov_head_type=args.markov_head, taps=args.taps, num_taps=args.num_taps,
+        mask_token_id=args.mask_token_id, steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr,
+        warmup_frac=args.warmup, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every, seed=args.seed, feature_cache=not args.no_feature_cache,
+        feature_dtype=args.feature_dtype, eval_max_tokens=args.eval_max_tokens,
+        sts_temperature=args.sts_temperature, save_dtype=args.save_dtype)
+    data = DataConfig(
+        text=tuple(args.data), chat_prompts=tuple(args.chat_prompts), continuations=args.generate_continuations,
+        gen_temperature=args.gen_temperature, gen_batch=args.gen_batch, max_samples=args.max_samples,
+        heldout=args.heldout, eval_prompts=args.eval_prompts, num_eval_prompts=args.num_eval_prompts)
+    return cfg, data
+
+
+def run(args) -> int:
+    from engine.train import pipeline
+    from engine.train.loop import TrainingStopped
+
+    if not args.data and not args.chat_prompts:
+        print("error: give training data with --data and/or --chat-prompts", file=sys.stderr)
+        return 2
+    try:
+        cfg, data = configs(args)
+        report = pipeline.run(cfg, data, args.model, resume=args.resume, stop_after=args.stop_after)
+    except TrainingStopped as exc:
+        print(f"paused: {exc}", file=sys.stderr)
+        return 0
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": str(cfg.out), "steps": report["train"]["steps"], "heldout": _summary(report)}, indent=1))
+    return 0
+
+
+def _summary(report: dict) -> dict:
+    held = report.get("heldout", {})
+    out = {}
+    if "greedy" in held:
+        out["greedy_tau"] = round(held["greedy"]["tau"], 3)
+    if "estimate" in held:
+        out["tau_estimate"] = round(held["estimate"]["tau_estimate"], 3)
+        out["greedy_tau_estimate"] = round(held["estimate"]["greedy_tau_estimate"], 3)
+    if "sts" in held and "ece_after" in held["sts"]:
+        out["ece_after"] = [round(x, 4) for x in held["sts"]["ece_after"]]
+    return out
