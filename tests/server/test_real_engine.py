@@ -123,6 +123,45 @@ def test_stream_and_concurrent_requests_agree(served):
     assert results == [baseline] * 3
 
 
+def test_async_sdk_streaming_matches(served):
+    """The async OpenAI SDK, streaming and not, returns the same greedy text as the sync SDK."""
+    import asyncio
+
+    expected = _chat(_client(served)).choices[0].message.content
+
+    async def main() -> tuple[str, str]:
+        client = openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        args = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+                "max_tokens": MAX_TOKENS}
+        whole = (await client.chat.completions.create(**args)).choices[0].message.content
+        parts = [c.choices[0].delta.content or "" async for c in await client.chat.completions.create(
+            **args, stream=True) if c.choices]
+        await client.close()
+        return whole, "".join(parts)
+
+    whole, streamed = asyncio.run(main())
+    assert whole == streamed == expected
+
+
+def test_raw_sse_framing(served):
+    """Raw SSE from the real server: role chunk, content deltas, finish chunk, usage chunk, [DONE]."""
+    body = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+            "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{served.base_url}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        frames = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} or \
+        chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == _chat(_client(served)).choices[0].message.content
+    assert len({c["id"] for c in chunks}) == 1
+
+
 def test_disconnect_frees_the_worker(served):
     """A long stream whose client disconnects stops; a probe request then completes promptly."""
     body = json.dumps({"model": "default", "stream": True, "max_tokens": 4000, "temperature": 0.7,
