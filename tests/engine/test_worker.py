@@ -56,6 +56,13 @@ def request(max_tokens=8, seed=None, temperature=0.0, prompt=(5, 6, 7)):
     return GenerationRequest("r", prompt, max_tokens, SamplingParams(temperature=temperature, seed=seed))
 
 
+async def started(handle):
+    """Wait until the worker has picked the request up."""
+    while not handle.job.started.is_set():
+        await asyncio.sleep(0.01)
+    return handle
+
+
 async def collect(client, handle):
     events = [ev async for ev in client.stream(handle)]
     return events
@@ -123,9 +130,7 @@ def test_cancel_while_queued_never_runs(tokenizer):
 
     async def main():
         target.gate = threading.Event()
-        first = client.submit(request(max_tokens=2))
-        while not first.job.started.is_set():
-            await asyncio.sleep(0.01)
+        first = await started(client.submit(request(max_tokens=2)))
         queued = client.submit(request(max_tokens=2))
         assert queued.queue_position == 1 and client.queue_depth() == 1
         client.cancel(queued)
@@ -146,9 +151,7 @@ def test_admission_bound_and_context_length(tokenizer):
 
     async def main():
         target.gate = threading.Event()
-        running = client.submit(request(max_tokens=1))
-        while not running.job.started.is_set():
-            await asyncio.sleep(0.01)
+        running = await started(client.submit(request(max_tokens=1)))
         waiting = client.submit(request(max_tokens=1))
         with pytest.raises(EngineOverloaded):
             client.submit(request(max_tokens=1))
