@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
                    help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct")
     g.add_argument("--data", action="append", default=[], metavar="PATH",
                    help="text file or directory (*.txt, *.rst, *.md, *.py); repeatable; every token is trained on")
+    g.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="skip files under --data directories whose path has a part matching GLOB (e.g. test)")
     g.add_argument("--chat-prompts", action="append", default=[], metavar="JSONL",
                    help='prompt records {"messages": [...]}, {"prompt": "..."} or {"text": "..."}; repeatable')
     g.add_argument("--generate-continuations", type=int, default=0, metavar="N",
@@ -93,8 +95,8 @@ def configs(args):
         feature_dtype=args.feature_dtype, eval_max_tokens=args.eval_max_tokens,
         sts_temperature=args.sts_temperature, save_dtype=args.save_dtype)
     data = DataConfig(
-        text=tuple(args.data), chat_prompts=tuple(args.chat_prompts), continuations=args.generate_continuations,
-        gen_temperature=args.gen_temperature, gen_batch=args.gen_batch, max_samples=args.max_samples,
+        text=tuple(args.data), exclude=tuple(args.exclude), chat_prompts=tuple(args.chat_prompts),
+        continuations=args.generate_continuations, gen_temperature=args.gen_temperature, gen_batch=args.gen_batch, max_samples=args.max_samples,
         heldout=args.heldout, eval_prompts=args.eval_prompts, num_eval_prompts=args.num_eval_prompts)
     return cfg, data
 
@@ -128,5 +130,7 @@ def _summary(report: dict) -> dict:
         out["tau_estimate"] = round(held["estimate"]["tau_estimate"], 3)
         out["greedy_tau_estimate"] = round(held["estimate"]["greedy_tau_estimate"], 3)
     if "sts" in held and "ece_after" in held["sts"]:
-        out["ece_after"] = [round(x, 4) for x in held["sts"]["ece_after"]]
+        for key in ("temperatures", "ece_before", "ece_after", "ece_after_crossfit"):
+            if key in held["sts"]:
+                out["sts_" + key] = [round(x, 4) for x in held["sts"][key]]
     return out

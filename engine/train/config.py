@@ -125,10 +125,12 @@ def default_taps(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
 
 
 def default_mask_token_id(tokenizer, vocab_size: int) -> int:
-    """An id the target never emits in normal text: its last extra special token, else vocab - 1."""
-    specials = list(getattr(tokenizer, "additional_special_tokens_ids", None) or [])
+    """An id the target never emits in normal text: its highest special token that is not
+    bos / eos / pad / unk (SmolLM2: 16, ``<empty_output>``), else ``vocab_size - 1``."""
     inner = getattr(tokenizer, "_tokenizer", tokenizer)
-    specials = specials or list(getattr(inner, "additional_special_tokens_ids", None) or [])
+    specials: set[int] = set()
+    for name in ("all_special_ids", "additional_special_tokens_ids"):
+        specials.update(getattr(inner, name, None) or [])
     used = {getattr(inner, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
     candidates = [i for i in specials if i not in used and 0 <= i < vocab_size]
     return max(candidates) if candidates else vocab_size - 1

@@ -8,6 +8,7 @@ tokens only, as DeepSpec's loss mask does (spec §1.9). Prompt records are one J
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 from dataclasses import dataclass
@@ -56,18 +57,27 @@ class Prompt:
 # ---------------------------------------------------------------- text
 
 
-def list_text_files(paths: list[str | Path]) -> list[Path]:
-    """Files named directly, plus every TEXT_SUFFIXES file under the directories; sorted, unique."""
+def list_text_files(paths: list[str | Path], exclude: tuple[str, ...] = ()) -> list[Path]:
+    """Files named directly, plus every TEXT_SUFFIXES file under the directories; sorted, unique.
+
+    A file found under a directory is skipped when any part of its path below that directory
+    matches an ``exclude`` glob (e.g. "test", "idlelib", "test_*.py").
+    """
     out: set[Path] = set()
     for raw in paths:
         path = Path(raw).expanduser()
         if path.is_dir():
-            out.update(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
+            out.update(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES)
+                       and not _excluded(p.relative_to(path), exclude))
         elif path.is_file():
             out.add(path)
         else:
             raise FileNotFoundError(f"training data {path} does not exist")
     return sorted(out)
+
+
+def _excluded(relative: Path, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(part, pat) for part in relative.parts for pat in patterns)
 
 
 def chunk_ids(ids: list[int], seq_len: int, min_len: int) -> list[Sample]:

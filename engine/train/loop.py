@@ -150,10 +150,7 @@ class Trainer:
             result.anchor_tokens += int(batch.rows.shape[0])
             self.progress.step(step + 1)
             if log_now:
-                entry = meter.entry(step + 1, float(self.optimizer.learning_rate), result.train_s)
-                entry["eta_s"] = (cfg.steps - step - 1) * entry["step_s"]
-                result.history.append(entry)
-                self.progress.log(entry)
+                self._log(meter, result)
                 meter = _Meter()
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 self._save(result)
@@ -163,6 +160,12 @@ class Trainer:
                 raise TrainingStopped(f"stopped after step {step + 1} of {cfg.steps}; continue with --resume")
         self.progress.close()
         return result
+
+    def _log(self, meter: _Meter, result: LoopResult) -> None:
+        entry = meter.entry(result.step, float(self.optimizer.learning_rate), result.train_s)
+        entry["eta_s"] = (self.cfg.steps - result.step) * entry["step_s"]
+        result.history.append(entry)
+        self.progress.log(entry)
 
     def _save(self, result: LoopResult) -> None:
         state = {"history": result.history, "train_s": result.train_s, "anchor_tokens": result.anchor_tokens,

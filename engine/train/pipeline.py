@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 import mlx.core as mx
+import numpy as np
 
 from engine.loading.drafter import load_drafter
 from engine.models.target import Target
@@ -43,6 +44,7 @@ class DataConfig:
     """Where the training and held-out data come from."""
 
     text: tuple[str, ...] = ()  # text files or directories (every token is trained on)
+    exclude: tuple[str, ...] = ()  # globs for path parts to skip under text directories
     chat_prompts: tuple[str, ...] = ()  # JSONL prompt files (answer tokens are trained on)
     continuations: int = 0  # > 0: the target writes answers of up to this many tokens
     gen_temperature: float = 0.0
@@ -76,36 +78,57 @@ def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: s
                    stop_after: int | None = None, bar: ProgressBar | None = None) -> dict:
     """The whole run for an already loaded mlx-lm ``model`` (float32) and ``tokenizer``."""
     _check_out(cfg.out, resume)
-    times, t0 = {}, time.perf_counter()
-    bar = bar or ProgressBar(cfg.steps)
-    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(tokenizer, model.args.vocab_size)
+    bar, clock = bar or ProgressBar(cfg.steps), _Clock()
+    mask_id = cfg.mask_token_id
+    if mask_id is None:
+        mask_id = default_mask_token_id(tokenizer, model.args.vocab_size)
     dcfg = make_drafter_config(cfg, model, mask_id)
     samples = _samples(cfg, data, model, tokenizer, resume, bar)
     train, held = D.split_heldout(samples, min(data.heldout, len(samples) - 1), cfg.seed)
-    times["data_s"] = time.perf_counter() - t0
     bar.message(f"{len(train)} training samples ({sum(map(len, train))} tokens), {len(held)} held out")
-    target = Target(model, dcfg.target_layer_ids)
+    clock.lap("data_s")
+    target = Target(model, dcfg.target_layer_ids)  # after generation: taps would record every decode step
     target.check_taps()
-    t1 = time.perf_counter()
     features = FeatureSource(target, train, cfg.out / "features" if cfg.feature_cache else None,
-                             chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype, fingerprint_extra=str(path),
+                             chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype, fingerprint_extra=path,
                              progress=bar.message)
     features.prepare()
-    times["features_s"] = time.perf_counter() - t1
+    clock.lap("features_s")
+    trainer, result = _train(cfg, dcfg, model, target, features, train, resume, stop_after, bar)
+    clock.lap("train_s")
+    heldout = _evaluate(cfg, trainer, target, model, held, _eval_prompts(data, held, tokenizer),
+                        _eos_ids(tokenizer), bar)
+    clock.lap("eval_s")
+    report = _report(cfg, data, dcfg, path, samples, train, held, result, heldout, clock.total(), trainer.drafter)
+    (cfg.out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
+    bar.message(f"done: {cfg.out} (held-out greedy tau {heldout.get('greedy', {}).get('tau', float('nan')):.3f})")
+    return report
+
+
+def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSource, train: list[D.Sample],
+           resume: bool, stop_after: int | None, bar: ProgressBar):
+    """Initialise (or resume) and train the drafter, then save it in its layout."""
     drafter = init_drafter(dcfg, model, cfg.seed)
     trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
     bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
     result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
     save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
-    t2 = time.perf_counter()
-    prompts = _eval_prompts(data, held, tokenizer)
-    heldout = _evaluate(cfg, trainer, target, model, held, prompts, _eos_ids(tokenizer), bar)
-    times["eval_s"] = time.perf_counter() - t2
-    times["total_s"] = time.perf_counter() - t0
-    report = _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times, drafter)
-    (cfg.out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
-    bar.message(f"done: {cfg.out} (held-out greedy tau {heldout.get('greedy', {}).get('tau', float('nan')):.3f})")
-    return report
+    return trainer, result
+
+
+class _Clock:
+    """Wall time of each phase of the run."""
+
+    def __init__(self):
+        self.t0 = self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name], self.last = now - self.last, now
+
+    def total(self) -> dict[str, float]:
+        return {**self.times, "total_s": time.perf_counter() - self.t0}
 
 
 # ---------------------------------------------------------------- data
@@ -121,7 +144,7 @@ def _check_out(out: Path, resume: bool) -> None:
 def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool, bar: ProgressBar) -> list[D.Sample]:
     path, meta_path = cfg.out / "samples.jsonl", cfg.out / "samples.meta.json"
     # What decides the samples and the train / held-out split (eval settings may change on resume).
-    keys = ("text", "chat_prompts", "continuations", "gen_temperature", "max_samples", "heldout")
+    keys = ("text", "exclude", "chat_prompts", "continuations", "gen_temperature", "max_samples", "heldout")
     meta = {"data": {k: getattr(data, k) for k in keys}, "seq_len": cfg.seq_len, "seed": cfg.seed}
     if resume and path.exists():
         if meta_path.exists() and json.loads(meta_path.read_text()) != json.loads(json.dumps(meta)):
@@ -137,7 +160,8 @@ def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool,
 
 def _build_samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, bar: ProgressBar) -> list[D.Sample]:
     min_len = max(cfg.block_size + 2, 16)
-    samples = D.text_samples(D.list_text_files(list(data.text)), tokenizer, cfg.seq_len, min_len) if data.text else []
+    files = D.list_text_files(list(data.text), data.exclude) if data.text else []
+    samples = D.text_samples(files, tokenizer, cfg.seq_len, min_len)
     records = [r for f in data.chat_prompts for r in D.read_prompt_records(f)]
     prompts = [D.record_prompt(r, tokenizer) for r in records]
     if prompts and data.continuations > 0:
@@ -146,8 +170,11 @@ def _build_samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, bar: Pr
     chat = [D.answer_sample(p.ids, p.answer or [], cfg.seq_len) for p in prompts]
     samples += [s for s in chat if s is not None]
     samples = [s for s in samples if valid_anchors(s).size]
-    bar.message(f"{len(samples)} samples ({len(records)} prompt records)")
-    return D.subsample(samples, data.max_samples, cfg.seed)
+    bar.message(f"{len(samples)} samples ({len(files)} text files, {len(records)} prompt records)")
+    # Stored shuffled: feature-cache chunks (the unit of the data order) then mix documents.
+    samples = D.subsample(samples, data.max_samples, cfg.seed)
+    order = np.random.default_rng([cfg.seed, 13]).permutation(len(samples))
+    return [samples[i] for i in order]
 
 
 def _continuations(cfg: TrainConfig, data: DataConfig, model, tokenizer, prompts: list[list[int]],
@@ -222,7 +249,8 @@ def _calibrate(cfg: TrainConfig, target: Target, model, prompts: list[list[int]]
     raw = json.loads(config_path.read_text())
     raw["sts_temperatures"] = report["temperatures"]
     config_path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    bar.message("STS temperatures " + " ".join(f"{t:.3g}" for t in report["temperatures"]))
+    for key in ("temperatures", "ece_before", "ece_after"):
+        bar.message(f"STS {key}: " + " ".join(f"{v:.3g}" for v in report[key]))
     return report
 
 

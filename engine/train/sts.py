@@ -16,6 +16,9 @@ import numpy as np
 
 GRID = np.logspace(-1.0, 1.0, 81)
 NUM_BINS = 20
+# Fewer observations than this at a position: keep t = 1 (a grid search on a handful of rounds
+# just memorises them, e.g. t = 0.1 where no draft happened to be accepted).
+MIN_SAMPLES = 30
 
 
 @dataclass
@@ -75,14 +78,14 @@ def ece_by_position(rounds: Rounds, temps: list[float] | np.ndarray) -> list[flo
 
 
 def fit_sts(rounds: Rounds, grid: np.ndarray = GRID) -> list[float]:
-    """Per-position temperatures, fitted in order with the earlier ones fixed (1.0 with no data)."""
+    """Per-position temperatures, fitted in order with the earlier ones fixed (1.0 below MIN_SAMPLES)."""
     num = rounds.z.shape[1]
     temps = [1.0] * num
     prefix = np.ones(rounds.z.shape[0])  # prod_{i<k} sigmoid(z_i / t_i)
     order = np.argsort(np.abs(np.log(grid)), kind="stable")  # on equal ECE prefer t closest to 1
     for k in range(num):
         seen = ~np.isnan(rounds.z[:, k])
-        if seen.any():
+        if seen.sum() >= MIN_SAMPLES:
             obs = (rounds.accepted[seen] >= k + 1).astype(np.float64)
             errors = [ece(prefix[seen] * _sigmoid(rounds.z[seen, k] / grid[i]), obs) for i in order]
             temps[k] = float(grid[order[int(np.argmin(errors))]])
