@@ -96,13 +96,32 @@ def exact_joint(settings: sampling.SamplerSettings) -> np.ndarray:
     return probs / probs.sum()
 
 
+def _fork(template: SpecDecoder, dec: SpecDecoder) -> None:
+    """Give `dec` the template's post-prefill state (prompt in the caches, nothing sampled yet)."""
+    for mine, theirs in zip(dec.target_cache, template.target_cache):
+        n = theirs.offset
+        mine.keys, mine.values, mine.offset = theirs.keys[..., :n, :], theirs.values[..., :n, :], n
+    dec.ctx_pending = template.ctx_pending
+    dec.committed[:] = PROMPT
+
+
 def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None) -> np.ndarray:
-    """Joint-cell index of the first L tokens of n independent speculative generations."""
+    """Joint-cell index of the first L tokens of n independent speculative generations.
+
+    The prompt's forward pass is the same for every seed, so it runs once; each generation starts
+    from a copy of that state and samples its own first token, then runs the real rounds.
+    """
+    drafter = drafter or DRAFTER
+    stats = SpecStats(mode="dspark", cap=4)
+    template = decoder_cls(TARGET, drafter, make_scheduler(), DecodeOptions(settings, "rejection", 0, frozenset()), stats)
+    template.prefill(PROMPT)
+    last = TARGET.model(mx.array([PROMPT]))[0, -1]  # [V] the prompt's next-token logits
     cells = []
     for seed in range(n):
         opts = DecodeOptions(settings=settings, sampler="rejection", seed=seed, stop_ids=frozenset())
-        dec = decoder_cls(TARGET, drafter or DRAFTER, make_scheduler(), opts, SpecStats(mode="dspark", cap=4))
-        out = dec.prefill(PROMPT)
+        dec = decoder_cls(TARGET, drafter, make_scheduler(), opts, SpecStats(mode="dspark", cap=4))
+        _fork(template, dec)
+        out = dec._commit([dec._sample_target(last, position=len(PROMPT))])
         while len(out) < L:
             out += dec.step(L - len(out))
         cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
