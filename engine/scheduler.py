@@ -32,6 +32,9 @@ class Scheduler:
         """Most drafts this round can admit, known at its start."""
         return self._limit
 
+    def observe(self, num_verified: int, num_accepted: int) -> None:
+        """Learn from a finished round (only schedulers with estimates use it)."""
+
 
 class ThresholdScheduler(Scheduler):
     """Keep drafting while the prefix survival a_k = prod c_i stays >= theta (mlx-dspark's rule)."""

@@ -19,7 +19,7 @@ import mlx.core as mx
 from engine import sampling
 from engine.api import SpecStats
 from engine.models.target import Target, cache_length, trim_cache
-from engine.scheduler import AutoScheduler, Scheduler
+from engine.scheduler import Scheduler
 
 PREFILL_CHUNK = 512
 # Counter streams of the request's seed, so draft, accept and baseline draws never share noise.
@@ -200,7 +200,7 @@ class SpecDecoder:
         st.time_draft_s += t_draft
         st.time_verify_s += t_verify
         st.time_other_s += t_other
-        if isinstance(self.scheduler, AutoScheduler):
+        if self.scheduler is not None:
             self.scheduler.observe(num_draft, num_accepted)
 
     def check_invariants(self) -> None:
