@@ -48,9 +48,13 @@ class RecordingScheduler(Scheduler):
 
 
 def speculative_rounds(target, drafter, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
-                       stop_ids: frozenset[int] = frozenset(), seed: int = 0) -> tuple[SpecStats, list]:
-    """Decode every prompt; returns (pooled stats, [(confidence logits, accepted, prompt index)])."""
-    cap = drafter.config.max_drafts
+                       stop_ids: frozenset[int] = frozenset(), seed: int = 0,
+                       cap: int | None = None) -> tuple[SpecStats, list]:
+    """Decode every prompt at ``cap`` drafts per round (default: all the drafter makes).
+
+    Returns (pooled stats, [(confidence logits, accepted, prompt index)] per round).
+    """
+    cap = min(cap or drafter.config.max_drafts, drafter.config.max_drafts)
     stats = SpecStats(mode="dspark" if drafter.has_markov else "dflash", cap=cap)
     record = drafter.has_confidence
     rounds: list[tuple[list[float], int, int]] = []
