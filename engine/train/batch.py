@@ -36,6 +36,8 @@ class BlockBatch:
     labels: mx.array  # [R] ground-truth token of each draft row
     prev_ids: mx.array  # [R] teacher-forced previous token (Markov and confidence input)
     target_rows: mx.array  # [R] index into the [b*W] hidden rows: the target's distribution
+    target_unique: mx.array  # [U] the distinct target_rows (overlapping blocks share them)
+    target_inverse: mx.array  # [R] position of each row's target row in target_unique
     weights: mx.array  # [R] exp(-(k-1)/decay)
     position: np.ndarray  # [R] k - 1 (0-based draft position)
     block: np.ndarray  # [R] block index in [0, b*N)
@@ -71,11 +73,13 @@ def build_batch(samples: list[Sample], taps: mx.array, hidden: mx.array, anchors
     block_ids[:, 0] = np.concatenate([s.ids[a] for s, a in zip(samples, anchors)])
     cols = _draft_rows(samples, anchors, width, drafts)
     rows, labels, prev_ids, target_rows, position, block = cols
+    unique, inverse = np.unique(target_rows, return_inverse=True)
     return BlockBatch(
         taps=taps, hidden=hidden, block_ids=mx.array(block_ids), anchors=mx.array(anchors.reshape(-1)),
         attn_mask=mx.array(attention_mask(anchors, width, block_slots)),
         rows=mx.array(rows), labels=mx.array(labels), prev_ids=mx.array(prev_ids),
-        target_rows=mx.array(target_rows), weights=mx.array(np.exp(-position / decay).astype(np.float32)),
+        target_rows=mx.array(target_rows), target_unique=mx.array(unique.astype(np.int32)),
+        target_inverse=mx.array(inverse.astype(np.int32).reshape(-1)), weights=mx.array(np.exp(-position / decay).astype(np.float32)),
         position=position, block=block, num_blocks=b * n, num_drafts=drafts)
 
 

@@ -71,14 +71,17 @@ def block_losses(drafter: Drafter, target_head: HeadFn, h_rows: mx.array, batch:
     total = a_ce * parts["ce"]
     if not with_target:
         return total, parts
-    hidden = batch.hidden.reshape(-1, batch.hidden.shape[-1])[batch.target_rows]  # [R, d]
-    target_logits = target_head(hidden).astype(mx.float32)
-    p = softmax_and_logz(target_logits)[0]
+    # Overlapping blocks share target rows (row t serves draft k of anchor t-k+1 for every k), so
+    # the vocabulary-wide head and softmax run once per distinct row, then gather.
+    hidden = batch.hidden.reshape(-1, batch.hidden.shape[-1])[batch.target_unique]  # [U, d]
+    target_logits = target_head(hidden).astype(mx.float32)  # [U, V]
+    p = softmax_and_logz(target_logits)[0][batch.target_inverse]  # [R, V]
+    target_argmax = mx.argmax(target_logits, axis=-1)[batch.target_inverse]  # [R]
     # Without a TV term, keep q out of the backward graph (monitoring only).
     tv_rows = mx.abs((q if a_tv > 0 else mx.stop_gradient(q)) - p).sum(axis=-1)  # [R]
     cstar = mx.stop_gradient(mx.clip(1.0 - 0.5 * tv_rows, 0.0, 1.0))
     # Greedy acceptance of the row: the draft argmax equals the target argmax.
-    match = mx.stop_gradient(mx.argmax(logits, axis=-1) == mx.argmax(target_logits, axis=-1)).astype(mx.float32)
+    match = mx.stop_gradient(mx.argmax(logits, axis=-1) == target_argmax).astype(mx.float32)
     parts.update(tv=(w * tv_rows).sum() / wsum, cstar=cstar, greedy_match=match)
     if a_tv > 0:
         total = total + a_tv * parts["tv"]
