@@ -1,50 +1,77 @@
 #!/usr/bin/env bash
 # Set up everything dspark-serve needs, idempotently: the fast BLAS (Linux), a virtualenv with the
-# project installed, and the embedded default model. `make serve`, `make test`, the Dockerfile and
-# CI all run this one script, so their setup cannot drift apart.
+# project installed, the embedded default model, and (for the tests) the Node.js client's packages.
+# `make serve`, `make test`, the Dockerfile and CI all run this one script, so their setup cannot
+# drift apart. DSPARK_EXTRAS picks the pip extras (default `test`; the Docker image sets it empty).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${DSPARK_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+EXTRAS=${DSPARK_EXTRAS-test}
 
 say() { echo "[bootstrap] $*" >&2; }
 
-have_blas() { ls /usr/lib/*/blis-pthread/libblis.so.4 /usr/lib/*/libblis.so.4 >/dev/null 2>&1; }
-
-install_blas() {
-  [ "$(uname -s)" = Linux ] || return 0   # macOS: MLX uses Metal/Accelerate
-  have_blas && return 0
+# apt_install WHY PKG...: install Debian packages as root or with passwordless sudo; else warn.
+apt_install() {
+  local why=$1; shift
   if ! command -v apt-get >/dev/null 2>&1; then
-    say "warning: no apt-get; install BLIS or OpenBLAS yourself for fast MLX on the CPU (see dspark doctor)"
+    say "warning: no apt-get; install $* yourself ($why)"
     return 0
   fi
   local sudo=""
   if [ "$(id -u)" != 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; else
-      say "warning: not root; run 'sudo apt-get install libblis4-pthread' for fast MLX on the CPU"
+      say "warning: not root; run 'sudo apt-get install $*' ($why)"
       return 0
     fi
   fi
-  say "installing the BLIS BLAS (libblis4-pthread)"
+  say "installing $* ($why)"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libblis4-pthread >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+have_blas() { ls /usr/lib/*/blis-pthread/libblis.so.4 /usr/lib/*/libblis.so.4 >/dev/null 2>&1; }
+
+install_blas() {
+  [ "$(uname -s)" = Linux ] || return 0   # macOS: MLX uses Metal/Accelerate
+  have_blas || apt_install "fast MLX on the CPU, see dspark doctor" libblis4-pthread
 }
 
 make_venv() {
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), "dspark-serve needs Python >= 3.10"'
   [ -x "$VENV/bin/python" ] || { say "creating virtualenv $VENV"; "$PYTHON" -m venv "$VENV"; }
-  # Reinstall only when the project metadata changed (editable install picks up code changes).
-  local stamp="$VENV/.dspark-installed" want
-  want=$(cat pyproject.toml | "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  # Reinstall only when the project metadata or the extras changed (editable install picks up code).
+  local stamp="$VENV/.dspark-installed" want target=.
+  [ -z "$EXTRAS" ] || target=".[$EXTRAS]"
+  want=$( (cat pyproject.toml; echo "$target") | "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing dspark-serve and its dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+    say "installing dspark-serve${EXTRAS:+ with [$EXTRAS]} and its dependencies into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$target"
+    echo "$want" > "$stamp"
+  fi
+}
+
+# The Node.js client example is tested against a live server, so the tests need node, npm and its
+# locked packages. Installed only with the test extras (not in the Docker image).
+install_node_client() {
+  case ",$EXTRAS," in *,test,*) ;; *) return 0 ;; esac
+  if ! command -v npm >/dev/null 2>&1; then
+    apt_install "the Node.js client example's test" nodejs npm
+  fi
+  command -v npm >/dev/null 2>&1 || { say "warning: no npm; the Node.js client test will fail"; return 0; }
+  local dir=clients/node stamp=clients/node/node_modules/.dspark-lock want
+  want=$("$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' \
+    "$dir/package-lock.json")
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing the Node.js client's packages (npm ci in $dir)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
     echo "$want" > "$stamp"
   fi
 }
 
 install_blas
 make_venv
+install_node_client
 say "preparing the default model (once; cached in ${DSPARK_CACHE:-~/.cache/dspark-serve})"
 "$VENV/bin/dspark" prepare >/dev/null

@@ -7,7 +7,6 @@ identical concurrent requests, a disconnect that frees the worker, and the SIGTE
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -20,52 +19,13 @@ import httpx
 import openai
 import pytest
 
+from tests.real_server import ServeProcess, clean_env
 from tests.server.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 24
-
-
-def _env() -> dict[str, str]:
-    """The test environment without DSPARK_* settings (the cache location excepted)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_") or k == "DSPARK_CACHE"}
-
-
-class ServeProcess:
-    """`dspark serve` running in a child process; its output is collected by a thread."""
-
-    def __init__(self, port: int) -> None:
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dspark_cli.main", "serve", "--port", str(port), "--drain-grace", "20"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-        self.output: list[str] = []
-        threading.Thread(target=self._collect, daemon=True).start()
-
-    def _collect(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-
-    def wait_ready(self, timeout: float = 180.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "".join(self.output)
-            try:
-                r = httpx.get(f"{self.base_url}/health", timeout=2)
-                if r.status_code == 200:
-                    return r.json()
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server not ready:\n" + "".join(self.output))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +59,7 @@ def test_greedy_text_equals_dspark_generate(served):
     reply = _chat(_client(served))
     cli = subprocess.run([sys.executable, "-m", "dspark_cli.main", "generate", "--json", "--prompt", PROMPT,
                           "--max-tokens", str(MAX_TOKENS), "--mode", served.health["mode"]],
-                         capture_output=True, text=True, timeout=300, check=True, env=_env())
+                         capture_output=True, text=True, timeout=300, check=True, env=clean_env())
     expected = json.loads(cli.stdout.strip().splitlines()[-1])
     assert reply.choices[0].message.content == expected["text"]
     assert reply.usage.completion_tokens == len(expected["tokens"])
