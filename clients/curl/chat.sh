@@ -3,9 +3,10 @@
 #   clients/curl/chat.sh "What is the capital of France?"
 # OPENAI_BASE_URL (default http://127.0.0.1:8000/v1), OPENAI_API_KEY (needed when the server has
 # --api-key), MAX_TOKENS (default 32) and TEMPERATURE (default 0: greedy) adjust the request.
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 here=$(dirname "$0")
-# shellcheck source=clients/curl/common.sh
+# shellcheck source=common.sh
 . "$here/common.sh"
 
 curl -sS --fail-with-body "${AUTH[@]}" -H "Content-Type: application/json" \

@@ -2,9 +2,10 @@
 # A streamed chat completion with curl -N: prints the raw server-sent events as they arrive,
 # ending with a usage chunk and `data: [DONE]`. Same variables as chat.sh.
 #   clients/curl/stream.sh "Write a haiku about the sea."
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 here=$(dirname "$0")
-# shellcheck source=clients/curl/common.sh
+# shellcheck source=common.sh
 . "$here/common.sh"
 
 # -N turns off curl's output buffering, so each event shows as soon as the server sends it.
