@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import engine  # noqa: F401  (loads the fast BLAS before anything imports mlx.core)
-from dspark_cli import doctor, eval_drafter, generate, prepare, serve, train
+from dspark_cli import bench, doctor, eval_drafter, generate, prepare, serve, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dspark", description="Local OpenAI-compatible server with lossless DSpark speculative decoding."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, serve, doctor, prepare, train, eval_drafter):
+    for module in (generate, serve, bench, doctor, prepare, train, eval_drafter):
         module.add_parser(sub)
     return parser
 

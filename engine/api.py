@@ -109,6 +109,7 @@ class SpecStats:
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
+    time_accept_s: float = 0.0  # accept rule, commit and cache roll-back
     time_other_s: float = 0.0
     generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
     round_tokens: int = 0  # tokens committed by rounds (excludes the prefill token)
@@ -126,7 +127,7 @@ class SpecStats:
     @property
     def decode_time_s(self) -> float:
         """Time spent after prefill."""
-        return self.time_draft_s + self.time_verify_s + self.time_other_s
+        return self.time_draft_s + self.time_verify_s + self.time_accept_s + self.time_other_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -147,6 +148,7 @@ class SpecStats:
             "time_prefill_s": round(self.time_prefill_s, 4),
             "time_draft_s": round(self.time_draft_s, 4),
             "time_verify_s": round(self.time_verify_s, 4),
+            "time_accept_s": round(self.time_accept_s, 4),
             "time_other_s": round(self.time_other_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
         }

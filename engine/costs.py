@@ -103,3 +103,21 @@ def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: 
     tmp.write_text(json.dumps(curve.__dict__, indent=2))
     tmp.replace(path)
     return curve
+
+
+# Assumed, not measured: on Apple Silicon (Metal) batch-1 decoding is bound by reading the weights,
+# so a verify pass over l + 1 rows costs about one decode step plus a little per row while l is small.
+FLAT_ROW_GROWTH = 0.03
+
+
+def flat_verify_curve(measured: CostCurve, row_growth: float = FLAT_ROW_GROWTH) -> CostCurve:
+    """A *predicted* curve for a bandwidth-bound device, in units of one decode step.
+
+    Verify cost is assumed to be 1 + row_growth * l; the drafter's costs relative to one decode step
+    are taken from `measured` (on a CPU with a fast BLAS, m = 1 decoding is bandwidth-bound too).
+    """
+    step = measured.verify_s[0]
+    verify = [1.0 + row_growth * i for i in range(len(measured.verify_s))]
+    return CostCurve(verify_s=verify, draft_fixed_s=measured.draft_fixed_s / step,
+                     draft_per_token_s=measured.draft_per_token_s / step,
+                     meta={"predicted": True, "row_growth": row_growth})

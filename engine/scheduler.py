@@ -57,9 +57,26 @@ class ThresholdScheduler(Scheduler):
         return self._survival >= self.theta
 
 
+def expected_tokens(acceptance: list[float], num_draft: int) -> float:
+    """Expected tokens committed by a round verifying `num_draft` drafts: 1 + sum_j prod_{i<=j} acc_i.
+
+    `acceptance` holds conditional per-position rates (P(draft i kept | drafts < i kept)); the 1 is
+    the recovered or bonus token every round commits (DSpark paper, Eq. 1 and section 3.2).
+    """
+    survival, total = 1.0, 1.0
+    for i in range(num_draft):
+        survival *= acceptance[i] if i < len(acceptance) else 0.0
+        total += survival
+    return total
+
+
 @dataclass
 class CostCurve:
-    """Measured wall time of a round that verifies l drafts: draft(l) + verify(l + 1)."""
+    """Measured wall time of a round that verifies l drafts: draft(l) + verify(l + 1).
+
+    This is the performance model `auto` optimises: predicted speedup over plain decoding is
+    expected tokens per round / (round time relative to one plain decode step).
+    """
 
     verify_s: list[float]  # [i] = time of a target forward over i + 1 tokens
     draft_fixed_s: float  # backbone pass (independent of l)
@@ -72,13 +89,23 @@ class CostCurve:
         draft = self.draft_fixed_s + self.draft_per_token_s * num_draft if num_draft else 0.0
         return self.verify_s[i] + draft
 
+    def relative_round_time(self, num_draft: int) -> float:
+        """Round time in units of one plain decode step, T(l) / T(0)."""
+        return self.round_time(num_draft) / self.round_time(0)
+
+    def predicted_speedup(self, acceptance: list[float], num_draft: int) -> float:
+        """Predicted decode speedup over plain decoding at a fixed number of verified drafts."""
+        return expected_tokens(acceptance, num_draft) / self.relative_round_time(num_draft)
+
+    def ceiling(self, num_draft: int) -> float:
+        """Speedup if every draft were accepted: (l + 1) / (T(l) / T(0)); no drafter can beat it."""
+        return (num_draft + 1) / self.relative_round_time(num_draft)
+
     def best_cap(self, acceptance: list[float], max_cap: int) -> tuple[int, float]:
         """Cap maximising expected tokens/s for conditional acceptance rates; (cap, tokens/s)."""
-        best, best_rate, survival, expected = 0, 1.0 / self.round_time(0), 1.0, 1.0
+        best, best_rate = 0, 1.0 / self.round_time(0)
         for num in range(1, max_cap + 1):
-            survival *= acceptance[num - 1] if num - 1 < len(acceptance) else 0.0
-            expected += survival
-            rate = expected / self.round_time(num)
+            rate = expected_tokens(acceptance, num) / self.round_time(num)
             if rate > best_rate:
                 best, best_rate = num, rate
         return best, best_rate

@@ -82,9 +82,10 @@ class SpecDecoder:
         logits, taps = self._verify(draft_ids)
         t2 = time.perf_counter()
         num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
+        t3 = time.perf_counter()
         new = self._commit(draft_ids[:num_accepted] + [token])
         self._roll_back(len(draft_ids), num_accepted, taps)
-        self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, time.perf_counter() - t2))
+        self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
 
     def _baseline_step(self) -> list[int]:
@@ -93,7 +94,7 @@ class SpecDecoder:
         token = self._sample_target(logits[0, -1], position=len(self.committed))
         t1 = time.perf_counter()
         new = self._commit([token])
-        self._record(0, 0, len(new), (0.0, t1 - t0, time.perf_counter() - t1))
+        self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
         return new
 
     def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
@@ -185,8 +186,9 @@ class SpecDecoder:
         self.stats.generated_tokens += len(tokens)
         return tokens
 
-    def _record(self, num_draft: int, num_accepted: int, num_new: int, times: tuple[float, float, float]) -> None:
-        st, (t_draft, t_verify, t_other) = self.stats, times
+    def _record(self, num_draft: int, num_accepted: int, num_new: int, times: tuple[float, ...]) -> None:
+        # times: (draft, verify, accept rule, other = commit + cache roll-back)
+        st, (t_draft, t_verify, t_accept, t_other) = self.stats, times
         st.rounds += 1
         st.round_tokens += num_new
         st.drafted_tokens += num_draft
@@ -199,6 +201,7 @@ class SpecDecoder:
             st.accepted_by_position[i] += int(i < num_accepted)
         st.time_draft_s += t_draft
         st.time_verify_s += t_verify
+        st.time_accept_s += t_accept
         st.time_other_s += t_other
         if self.scheduler is not None:
             self.scheduler.observe(num_draft, num_accepted)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine import costs
-from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
+from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
 from tests.engine import tiny
 
 # Verify cost grows with width like BLIS on this CPU: 1, 1.5, 1.7, 1.9, 2.1 x one decode step.
@@ -87,3 +87,24 @@ def test_cost_curve_measured_once_and_cached(tmp_path, monkeypatch):
     assert len(files) == 1 and json.loads(files[0].read_text())["meta"]["model"] == "tiny-model"
     monkeypatch.setattr(costs, "measure_curve", lambda *a: pytest.fail("measured again"))
     assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).verify_s == curve.verify_s
+
+
+def test_performance_model_formula():
+    """Predicted speedup = (1 + sum of prefix survivals) / (T(l) / T(0)); the ceiling assumes every draft kept."""
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.9], 3) == pytest.approx(1.9)  # positions without a rate count as rejected
+    assert CURVE.relative_round_time(0) == 1.0
+    assert CURVE.relative_round_time(2) == pytest.approx((1.7 + 0.1 + 0.04) / 1.0)
+    assert CURVE.predicted_speedup([0.8, 0.5], 2) == pytest.approx((1 + 0.8 + 0.4) / 1.84)
+    assert CURVE.ceiling(4) == pytest.approx(5 / (2.1 + 0.1 + 0.08))
+    # best_cap maximises exactly the predicted speedup
+    acc = [0.9, 0.8, 0.3, 0.9]
+    best = max(range(5), key=lambda k: CURVE.predicted_speedup(acc, k))
+    assert CURVE.best_cap(acc, 4)[0] == best
+
+
+def test_flat_verify_curve_is_relative_and_labelled():
+    """The assumed bandwidth-bound curve keeps the measured draft cost relative to one decode step."""
+    flat = costs.flat_verify_curve(CURVE, row_growth=0.05)
+    assert flat.verify_s == pytest.approx([1.0, 1.05, 1.1, 1.15, 1.2]) and flat.meta["predicted"]
+    assert flat.draft_fixed_s == pytest.approx(0.1) and flat.predicted_speedup([1.0] * 4, 4) > CURVE.predicted_speedup([1.0] * 4, 4)

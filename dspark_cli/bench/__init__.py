@@ -1,0 +1,104 @@
+"""`dspark bench`: reproducible speed of baseline, dspark and dflash (at every cap and auto) and mlx-lm.
+
+    dspark bench --quick --out bench-quick      # about 10 minutes on a 2-core CPU with SmolLM2-135M
+    dspark bench --out bench-full               # the whole prompt set, every cap
+
+Writes report.json (every run, every paired ratio), report.md and PNG plots into --out.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dspark_cli.bench.plan import FULL, QUICK
+from dspark_cli.bench.prompts import DEFAULT_PROMPTS
+from dspark_cli.progress import ProgressBar, stderr_progress
+
+SPEC_MODES = ("dspark", "dflash")
+
+
+def _csv(kind):
+    def parse(text: str):
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    return parse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark every mode and cap against baseline and mlx-lm (paired runs)",
+                       description="Time baseline, dspark and dflash decoding (caps 1..block and auto) and "
+                                   "mlx_lm's generate on a fixed prompt set, interleaved so drift cancels; "
+                                   "write report.json, report.md and plots.")
+    p.add_argument("--quick", action="store_true",
+                   help="one prompt per kind, 48 tokens, caps 1 / middle / largest (under 10 min on 2 cores)")
+    p.add_argument("--out", type=Path, default=Path("bench-report"), help="output directory (default: bench-report)")
+    p.add_argument("--model", default=None, help="mlx-lm directory or Hugging Face id; default: embedded SmolLM2")
+    p.add_argument("--dspark-drafter", default=None, help="DSpark drafter; default: the shipped/published one")
+    p.add_argument("--dflash-drafter", default=None, help="DFlash drafter; default: the shipped/published one")
+    p.add_argument("--modes", type=_csv(str), default=SPEC_MODES, help="speculative modes (default: dspark,dflash)")
+    p.add_argument("--caps", type=_csv(int), default=None, help="fixed caps, e.g. 1,2,4 (default: 1..block)")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="prompt set JSONL (default: the v1 set)")
+    p.add_argument("--per-kind", type=int, default=None, help="prompts per kind (default: all; --quick: 1)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per run (default: 128; --quick: 48)")
+    p.add_argument("--repeats", type=int, default=None, help="timed passes per prompt (default: 2)")
+    p.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.generate reference")
+    p.set_defaults(run=run)
+
+
+def _plan(args):
+    bad = [m for m in args.modes if m not in SPEC_MODES]
+    if bad:
+        raise SystemExit(f"dspark bench: unknown mode(s) {', '.join(bad)}; choose from {', '.join(SPEC_MODES)}")
+    base = QUICK if args.quick else FULL
+    return base.with_overrides(modes=tuple(args.modes), caps=args.caps, per_kind=args.per_kind,
+                               max_tokens=args.max_tokens, repeats=args.repeats,
+                               mlx_lm=False if args.no_mlx_lm else None)
+
+
+def load_runtimes(model: str | None, modes, drafters: dict) -> tuple[object, dict, list[str]]:
+    """(baseline runtime, {mode: runtime with a drafter}, notes on modes that have no drafter)."""
+    from engine.api import EngineConfig, SpecConfig
+    from engine.runtime import build_runtime
+
+    baseline = build_runtime(EngineConfig(model=model, spec=SpecConfig(mode="baseline")), stderr_progress)
+    spec, skipped = {}, []
+    for mode in modes:
+        stderr_progress(f"loading {mode} (auto draft length measures the cost curve once per machine)")
+        rt = build_runtime(EngineConfig(model=model, spec=SpecConfig(mode=mode, drafter=drafters.get(mode))))
+        if rt.drafter is None:
+            skipped.append(f"{mode}: no drafter for {rt.info.model_id} (pass --{mode}-drafter PATH to bench one)")
+            stderr_progress(f"skipping {mode}: {skipped[-1]}")
+            continue
+        spec[mode] = rt
+    return baseline, spec, skipped
+
+
+def run(args) -> int:
+    from dspark_cli.bench import core
+    from dspark_cli.bench.prompts import load_prompts
+    from dspark_cli.doctor import collect
+
+    plan = _plan(args)
+    environment = collect()
+    baseline, spec, skipped = load_runtimes(args.model, plan.modes, {"dspark": args.dspark_drafter,
+                                                                     "dflash": args.dflash_drafter})
+    prompts, meta = load_prompts(args.prompts, plan.per_kind)
+    encoded = core.encode_prompts(prompts, baseline.tokenizer)
+    records, summ, _ = core.measure(baseline, spec, encoded, plan, lambda n: ProgressBar(n, "bench"))
+    out = write_all(core.build_report(records, summ, spec, plan=plan, environment=environment, prompt_meta=meta,
+                                      target=baseline.info.model_id, command=" ".join(["dspark", *sys.argv[1:]]),
+                                      skipped=skipped), args.out)
+    print((out / "report.md").read_text())
+    stderr_progress(f"wrote {out}/report.json, report.md and plots")
+    return 0
+
+
+def write_all(rep: dict, out: Path) -> Path:
+    """report.json, the plots and report.md into `out` (created)."""
+    from dspark_cli.bench import plots, report
+
+    out.mkdir(parents=True, exist_ok=True)
+    rep["plots"] = plots.write_plots(rep, out)
+    report.write_json(rep, out)
+    report.write_markdown(rep, out)
+    return out

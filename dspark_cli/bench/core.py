@@ -1,0 +1,65 @@
+"""One benchmark run over loaded runtimes: arms, warm-up, interleaved timing, summary, report dict.
+
+Kept apart from model loading so tests can pass tiny in-process runtimes and get the same report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from dspark_cli.bench import runner, summary
+from dspark_cli.bench.arms import build_arms
+from dspark_cli.bench.plan import BenchPlan
+
+
+def encode_prompts(prompts, tokenizer) -> list[tuple[str, list[int]]]:
+    """(id, token ids) per prompt, through the target's chat template."""
+    from engine.text import apply_chat_template
+
+    return [(p.id, list(apply_chat_template(tokenizer, list(p.messages)))) for p in prompts]
+
+
+def apple_silicon_prediction(model: dict, curve) -> dict:
+    """The performance model on an assumed flat (bandwidth-bound) verify curve: a prediction only."""
+    from engine.costs import flat_verify_curve
+
+    if not model["by_cap"]:
+        return {}
+    flat = flat_verify_curve(curve)
+    acceptance = model["by_cap"][-1]["acceptance_by_position"]
+    cap, _ = flat.best_cap(acceptance, len(acceptance))
+    return {"label": "prediction (assumed verify curve), not a measurement", "row_growth": flat.meta["row_growth"],
+            "best_cap": cap, "speedup": round(flat.predicted_speedup(acceptance, cap), 4),
+            "by_cap": {k: round(flat.predicted_speedup(acceptance, k), 4) for k in range(1, len(acceptance) + 1)}}
+
+
+def measure(baseline, spec_runtimes: dict, prompts: list[tuple[str, list[int]]], plan: BenchPlan,
+            progress_factory=None) -> tuple[list[dict], dict, list]:
+    """Warm up and time every arm; returns (records, summary, arms)."""
+    arms = build_arms(baseline, spec_runtimes, plan.caps_for, plan.mlx_lm)
+    bar = progress_factory(len(arms) * (1 + len(prompts) * plan.repeats)) if progress_factory else None
+    tick = bar.advance if bar else (lambda note: None)
+    for arm in arms:
+        arm.run(prompts[0][1], plan.warmup_tokens)
+        tick(f"warm-up {arm.name}")
+    records = runner.run_blocks(arms, prompts, plan.repeats, plan.max_tokens, tick)
+    if bar:
+        bar.close()
+    curves = {mode: rt.curve for mode, rt in spec_runtimes.items() if rt.curve is not None}
+    return records, summary.summarize(records, arms, curves), arms
+
+
+def build_report(records: list[dict], summ: dict, spec_runtimes: dict, *, plan: BenchPlan, environment: dict,
+                 prompt_meta: dict, target: str, command: str, skipped: list[str]) -> dict:
+    """The report.json content (plots are added by the caller once written)."""
+    apple = {mode: apple_silicon_prediction(summ["model"][mode], rt.curve)
+             for mode, rt in spec_runtimes.items() if mode in summ["model"]}
+    return {
+        "schema": 1, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+        "target": target, "drafters": {m: rt.info.drafter for m, rt in spec_runtimes.items()},
+        "auto_cap_at_start": {m: rt.info.cap for m, rt in spec_runtimes.items()},
+        "environment": environment, "prompts": prompt_meta, "skipped": skipped,
+        "plan": {"max_tokens": plan.max_tokens, "repeats": plan.repeats, "per_kind": plan.per_kind,
+                 "modes": list(plan.modes), "mlx_lm": plan.mlx_lm},
+        "summary": summ, "apple_silicon_prediction": apple, "runs": records,
+    }

@@ -1,0 +1,117 @@
+"""`dspark bench` on tiny in-process models: report structure, paired ratios, the model's numbers.
+
+Speed is never asserted (these are seconds-long runs on a shared CPU); what is checked is that the
+report has every part, that each ratio is the quotient of two runs of the same block, that blocks
+alternate their order, and that predictions are the cost curve's formula applied to measured rates.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from dspark_cli.bench import core, runner, summary, write_all
+from dspark_cli.bench.plan import QUICK, BenchPlan
+from dspark_cli.bench.prompts import load_prompts
+from engine import costs
+from engine.api import EngineInfo, SpecConfig
+from engine.runtime import Runtime
+from engine.scheduler import expected_tokens
+from tests.engine import tiny
+
+PLAN = BenchPlan(max_tokens=10, repeats=2, warmup_tokens=2)
+PROMPTS = [("p-a", [5, 6, 7, 8]), ("p-b", [9, 10, 11])]
+
+
+def _runtime(tokenizer, target, drafter, mode: str) -> Runtime:
+    curve = costs.measure_curve(target, drafter, drafter.config.max_drafts) if drafter else None
+    cap = curve.best_cap([0.6] * drafter.config.max_drafts, drafter.config.max_drafts)[0] or 1 if curve else None
+    info = EngineInfo(model_id="tiny", model_path="-", mode=mode, drafter="random" if drafter else None, cap=cap,
+                      context_length=256, sampler="rejection")
+    return Runtime(target, drafter, tokenizer, info, frozenset(), SpecConfig(mode=mode, max_draft="auto"), curve)
+
+
+@pytest.fixture(scope="module")
+def bench_run(default_model_dir, tmp_path_factory):
+    """A whole tiny bench: baseline, dspark and dflash (every cap and auto) and mlx-lm, written to disk."""
+    tok = load_tokenizer(default_model_dir)  # ids < 256 decode fine; prompts are given as ids
+    baseline = _runtime(tok, tiny.tiny_target(), None, "baseline")
+    dflash_target = tiny.tiny_target()
+    spec = {"dspark": _runtime(tok, tiny.tiny_target(), tiny.dspark_drafter(), "dspark"),
+            "dflash": _runtime(tok, dflash_target, tiny.dflash_drafter(dflash_target), "dflash")}
+    records, summ, arms = core.measure(baseline, spec, PROMPTS, PLAN)
+    env = {"device": "cpu", "platform": "test", "cores": 2, "mlx": "x", "blas": "test", "sgemm_gflops": 1.0}
+    rep = core.build_report(records, summ, spec, plan=PLAN, environment=env, target="tiny", command="dspark bench",
+                            skipped=["dflash: nothing"], prompt_meta={"file": "t", "sha256": "0" * 64, "count": 2})
+    out = write_all(rep, tmp_path_factory.mktemp("bench"))
+    return json.loads((out / "report.json").read_text()), out, [a.name for a in arms], spec
+
+
+def test_report_files_and_structure(bench_run):
+    """report.json, report.md and two PNGs exist; every arm, prompt and section is present."""
+    rep, out, names, _ = bench_run
+    assert names == ["baseline", "dspark@1", "dspark@2", "dspark@3", "dspark@4", "dspark@auto",
+                     "dflash@1", "dflash@2", "dflash@3", "dflash@auto", "mlx-lm"]
+    for png in ("speedup_vs_cap.png", "acceptance_by_position.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png in rep["plots"]
+    md = (out / "report.md").read_text()
+    assert "dspark@auto" in md and "Performance model: dflash" in md and "Prediction, not a measurement" in md
+    s = rep["summary"]
+    assert set(s["arms"]) == set(names) and set(s["per_prompt"]) == {"p-a", "p-b"}
+    assert set(s["speedup_vs_baseline"]) == set(names) - {"baseline"}
+    assert set(s["speedup_vs_mlx_lm"]) == set(names) - {"mlx-lm"}
+    assert len(rep["runs"]) == len(names) * len(PROMPTS) * PLAN.repeats
+    assert set(s["arms"]["dspark@4"]["round_ms"]) == {"draft", "verify", "accept", "other"}
+    assert len(s["arms"]["dspark@4"]["acceptance_by_position"]) == 4
+    assert all(r["same_as_baseline"] for r in rep["runs"]), "greedy decoding must match baseline in every arm"
+
+
+def test_ratios_come_from_paired_runs(bench_run):
+    """Every ratio is arm / reference within one block, and its summary is the median of those."""
+    rep, _, names, _ = bench_run
+    runs = {(r["block"], r["arm"]): r for r in rep["runs"]}
+    for ref, table in (("baseline", "speedup_vs_baseline"), ("mlx-lm", "speedup_vs_mlx_lm")):
+        for arm, entry in rep["summary"][table].items():
+            assert len(entry["pairs"]) == len(PROMPTS) * PLAN.repeats
+            for pair in entry["pairs"]:
+                a, b = runs[(pair["block"], arm)], runs[(pair["block"], ref)]
+                assert a["prompt"] == b["prompt"] == pair["prompt"] and a["pass"] == b["pass"]
+                assert pair["ratio"] == pytest.approx(summary.e2e_tok_s(a) / summary.e2e_tok_s(b), abs=1e-4)
+            assert entry["e2e"]["median"] == pytest.approx(statistics.median(p["ratio"] for p in entry["pairs"]),
+                                                           abs=1e-4)
+
+
+def test_blocks_alternate_order(bench_run):
+    """Each block runs every arm once; odd blocks run them in reverse order (A B ... B A)."""
+    rep, _, names, _ = bench_run
+    for block in range(len(PROMPTS) * PLAN.repeats):
+        order = [r["arm"] for r in rep["runs"] if r["block"] == block]
+        assert order == (names if block % 2 == 0 else names[::-1])
+    assert runner.schedule(2, 2, ["a", "b"]) == [(0, 0, ["a", "b"]), (0, 1, ["b", "a"]), (1, 0, ["a", "b"]),
+                                                 (1, 1, ["b", "a"])]
+
+
+def test_predictions_apply_the_cost_curve_to_measured_acceptance(bench_run):
+    """Predicted speedup per cap = expected tokens per round / relative round time, from the curve."""
+    rep, _, _, spec = bench_run
+    for mode, model in rep["summary"]["model"].items():
+        curve = spec[mode].curve
+        assert [r["cap"] for r in model["by_cap"]] == list(range(1, spec[mode].drafter.config.max_drafts + 1))
+        for r in model["by_cap"]:
+            want = expected_tokens(r["acceptance_by_position"], r["cap"]) / curve.relative_round_time(r["cap"])
+            assert r["predicted_speedup"] == pytest.approx(want, abs=1e-3)
+            assert r["measured_speedup"] == rep["summary"]["speedup_vs_baseline"][f"{mode}@{r['cap']}"]["decode"]["median"]
+        assert model["auto_vs_best_fixed"] is not None and model["best_fixed_cap"] in range(1, 5)
+        assert rep["apple_silicon_prediction"][mode]["label"].startswith("prediction")
+
+
+def test_prompt_set_and_quick_plan():
+    """The shipped v1 prompt set covers chat, code and docs; --quick takes one of each and 3 caps."""
+    prompts, meta = load_prompts(per_kind=QUICK.per_kind)
+    assert [p.kind for p in prompts] == ["chat", "code", "docs"] and meta["file"] == "prompts-v1.jsonl"
+    assert len(load_prompts()[0]) == meta["count"] + 9
+    assert QUICK.caps_for(6) == [1, 3, 6] and QUICK.caps_for(5) == [1, 3, 5] and QUICK.caps_for(2) == [1, 2]
+    assert BenchPlan(caps=(2, 9)).caps_for(5) == [2, 5] and BenchPlan().caps_for(3) == [1, 2, 3]
