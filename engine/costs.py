@@ -52,12 +52,12 @@ def _best_time(fn) -> float:
     return best
 
 
-def measure_curve(target, drafter, max_len: int) -> CostCurve:
-    """Time target forwards over 1..max_len+1 tokens and the drafter's backbone and head."""
+def measure_verify(target, max_len: int, context: int = CONTEXT) -> list[float]:
+    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones."""
     from engine.models.target import trim_cache
 
     cache = target.make_cache()
-    mx.eval(target.forward(mx.array([[1] * CONTEXT]), cache)[0])
+    mx.eval(target.forward(mx.array([[1] * context]), cache)[0])
     verify = []
     for n in range(1, max_len + 2):
         ids = mx.array([[2] * n])
@@ -67,8 +67,13 @@ def measure_curve(target, drafter, max_len: int) -> CostCurve:
             trim_cache(cache, n)
 
         verify.append(_best_time(step))
+    return verify
+
+
+def measure_curve(target, drafter, max_len: int) -> CostCurve:
+    """Time target forwards over 1..max_len+1 tokens and the drafter's backbone and head."""
     fixed, per_token = _drafter_costs(drafter, target)
-    return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token)
+    return CostCurve(verify_s=measure_verify(target, max_len), draft_fixed_s=fixed, draft_per_token_s=per_token)
 
 
 def _drafter_costs(drafter, target) -> tuple[float, float]:

@@ -11,6 +11,8 @@ from dspark_cli.bench import runner, summary
 from dspark_cli.bench.arms import build_arms
 from dspark_cli.bench.plan import BenchPlan
 
+VERIFY_WIDTHS = 9  # anchor + up to 8 drafts
+
 
 def encode_prompts(prompts, tokenizer) -> list[tuple[str, list[int]]]:
     """(id, token ids) per prompt, through the target's chat template."""
@@ -46,7 +48,18 @@ def measure(baseline, spec_runtimes: dict, prompts: list[tuple[str, list[int]]],
     if bar:
         bar.close()
     curves = {mode: rt.curve for mode, rt in spec_runtimes.items() if rt.curve is not None}
-    return records, summary.summarize(records, arms, curves), arms
+    summ = summary.summarize(records, arms, curves)
+    summ["target_verify"] = target_verify_curve(baseline.target)
+    return records, summ, arms
+
+
+def target_verify_curve(target, max_len: int = VERIFY_WIDTHS - 1) -> dict:
+    """The target's verify cost at widths 1..VERIFY_WIDTHS (drafter-independent; measured every run)."""
+    from engine.costs import CONTEXT, measure_verify
+
+    verify = measure_verify(target, max_len)
+    return {"context": CONTEXT, "widths": list(range(1, len(verify) + 1)),
+            "ms": [round(1000 * t, 3) for t in verify], "relative": [round(t / verify[0], 3) for t in verify]}
 
 
 def build_report(records: list[dict], summ: dict, spec_runtimes: dict, *, plan: BenchPlan, environment: dict,

@@ -35,8 +35,16 @@ def _header(report: dict) -> list[str]:
         f"- prompts: {report['prompts']['file']} ({report['prompts']['count']} prompts, sha256 "
         f"{report['prompts']['sha256'][:12]}), {plan['max_tokens']} tokens, greedy, {plan['repeats']} passes, "
         f"interleaved A B ... B A",
-        *[f"- skipped: {note}" for note in report["skipped"]], "",
+        *[f"- skipped: {note}" for note in report["skipped"]],
+        *_verify_line(report["summary"].get("target_verify")), "",
     ]
+
+
+def _verify_line(tv: dict | None) -> list[str]:
+    if not tv:
+        return []
+    cells = ", ".join(f"{w}: {ms:.1f} ms (x{r:.2f})" for w, ms, r in zip(tv["widths"], tv["ms"], tv["relative"]))
+    return [f"- target verify cost by width (tokens in one forward, context {tv['context']}): {cells}"]
 
 
 def _arm_table(report: dict) -> list[str]:

@@ -67,6 +67,9 @@ def test_report_files_and_structure(bench_run):
     assert set(s["arms"]["dspark@4"]["round_ms"]) == {"draft", "verify", "accept", "other"}
     assert len(s["arms"]["dspark@4"]["acceptance_by_position"]) == 4
     assert all(r["same_as_baseline"] for r in rep["runs"]), "greedy decoding must match baseline in every arm"
+    tv = s["target_verify"]
+    assert tv["widths"] == list(range(1, 10)) and len(tv["ms"]) == 9 and tv["relative"][0] == 1.0
+    assert "target verify cost by width" in md
 
 
 def test_ratios_come_from_paired_runs(bench_run):
