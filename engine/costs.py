@@ -52,22 +52,32 @@ def _best_time(fn) -> float:
     return best
 
 
-def measure_verify(target, max_len: int, context: int = CONTEXT) -> list[float]:
-    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones."""
+def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = REPEATS) -> list[float]:
+    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones.
+
+    Widths are timed round-robin (1, 2, ..., 1, 2, ...) so a burst of other load on the machine
+    hits every width alike instead of inflating one of them.
+    """
     from engine.models.target import trim_cache
 
     cache = target.make_cache()
     mx.eval(target.forward(mx.array([[1] * context]), cache)[0])
-    verify = []
-    for n in range(1, max_len + 2):
-        ids = mx.array([[2] * n])
 
-        def step(ids=ids, n=n):
-            mx.eval(target.forward(ids, cache))
-            trim_cache(cache, n)
+    def step(n: int) -> float:
+        t0 = time.perf_counter()
+        mx.eval(target.forward(mx.array([[2] * n]), cache))
+        elapsed = time.perf_counter() - t0
+        trim_cache(cache, n)
+        return elapsed
 
-        verify.append(_best_time(step))
-    return verify
+    widths = range(1, max_len + 2)
+    for n in widths:
+        step(n)  # warm-up: first shapes pay for allocation
+    best = [float("inf")] * len(widths)
+    for _ in range(repeats):
+        for i, n in enumerate(widths):
+            best[i] = min(best[i], step(n))
+    return best
 
 
 def measure_curve(target, drafter, max_len: int) -> CostCurve:
@@ -94,10 +104,11 @@ def _drafter_costs(drafter, target) -> tuple[float, float]:
     return fixed, _best_time(one_position)
 
 
-def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: int) -> CostCurve:
-    """Cached curve for this machine/model/drafter, measured (a few seconds) when absent."""
+def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: int,
+                    refresh: bool = False) -> CostCurve:
+    """Cached curve for this machine/model/drafter, measured (a few seconds) when absent or `refresh`."""
     path = cache_root() / "costs" / f"{curve_key(model_path, drafter_id, max_len)}.json"
-    if path.exists():
+    if path.exists() and not refresh:
         raw = json.loads(path.read_text())
         return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}))
     log.info("measuring the round-cost curve for auto draft length (once per machine and model)")

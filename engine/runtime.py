@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.api import EngineConfig, EngineInfo, SpecConfig
@@ -17,7 +17,7 @@ from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
 from engine.models.target import Target
-from engine.scheduler import AutoScheduler, Scheduler, ThresholdScheduler
+from engine.scheduler import AUTO_PRIOR, AutoScheduler, Scheduler, ThresholdScheduler
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,30 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
         cap = max_len if spec.max_draft == "auto" else min(int(spec.max_draft), max_len)
         if spec.max_draft == "auto":
             curve = load_or_measure(target, drafter, str(path), source, max_len)
-            cap = curve.best_cap([0.6] * max_len, max_len)[0] or 1
+            cap = initial_auto_cap(curve, max_len)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model, tokenizer), sampler=spec.sampler, vocab_size=target.vocab_size,
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note,
     )
     return Runtime(target, drafter, tokenizer, info, _eos_ids(tokenizer), spec, curve)
+
+
+def initial_auto_cap(curve, max_len: int) -> int:
+    """The cap `auto` reports before any round: the curve's best at the scheduler's prior acceptance."""
+    return curve.best_cap([AUTO_PRIOR] * max_len, max_len)[0] or 1
+
+
+def with_fresh_curve(runtime: Runtime) -> Runtime:
+    """The runtime with its auto cost curve measured again now (and re-cached), e.g. for a benchmark."""
+    from engine.costs import load_or_measure
+
+    if runtime.curve is None:
+        return runtime
+    max_len = runtime.drafter.config.max_drafts
+    curve = load_or_measure(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_len,
+                            refresh=True)
+    return replace(runtime, curve=curve, info=replace(runtime.info, cap=initial_auto_cap(curve, max_len)))
 
 
 def load_drafter_config_taps(source: str) -> tuple[int, ...]:

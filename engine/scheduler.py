@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Acceptance assumed at every position before a request has finished any round.
+AUTO_PRIOR = 0.6
+
 
 class Scheduler:
     """Base: a fixed cap. `begin_round(limit)` then `admit(k, c_k)` for k = 1, 2, ..."""
@@ -120,7 +123,7 @@ class AutoScheduler(Scheduler):
     rounds, fixed at the start of the round, so it is non-anticipating too.
     """
 
-    def __init__(self, cap: int, curve: CostCurve, use_confidence: bool, prior: float = 0.6):
+    def __init__(self, cap: int, curve: CostCurve, use_confidence: bool, prior: float = AUTO_PRIOR):
         super().__init__(cap)
         self.curve = curve
         self.uses_confidence = use_confidence

@@ -58,18 +58,20 @@ def _plan(args):
 def load_runtimes(model: str | None, modes, drafters: dict) -> tuple[object, dict, list[str]]:
     """(baseline runtime, {mode: runtime with a drafter}, notes on modes that have no drafter)."""
     from engine.api import EngineConfig, SpecConfig
-    from engine.runtime import build_runtime
+    from engine.runtime import build_runtime, with_fresh_curve
 
     baseline = build_runtime(EngineConfig(model=model, spec=SpecConfig(mode="baseline")), stderr_progress)
     spec, skipped = {}, []
     for mode in modes:
-        stderr_progress(f"loading {mode} (auto draft length measures the cost curve once per machine)")
+        stderr_progress(f"loading {mode} and measuring its round-cost curve")
         rt = build_runtime(EngineConfig(model=model, spec=SpecConfig(mode=mode, drafter=drafters.get(mode))))
         if rt.drafter is None:
             skipped.append(f"{mode}: no drafter for {rt.info.model_id} (pass --{mode}-drafter PATH to bench one)")
             stderr_progress(f"skipping {mode}: {skipped[-1]}")
             continue
-        spec[mode] = rt
+        # The auto curve is re-measured now (and re-cached): a curve cached while the machine was
+        # busy would skew both auto's choice and the model's predictions below.
+        spec[mode] = with_fresh_curve(rt)
     return baseline, spec, skipped
 
 

@@ -108,3 +108,22 @@ def test_flat_verify_curve_is_relative_and_labelled():
     flat = costs.flat_verify_curve(CURVE, row_growth=0.05)
     assert flat.verify_s == pytest.approx([1.0, 1.05, 1.1, 1.15, 1.2]) and flat.meta["predicted"]
     assert flat.draft_fixed_s == pytest.approx(0.1) and flat.predicted_speedup([1.0] * 4, 4) > CURVE.predicted_speedup([1.0] * 4, 4)
+
+
+def test_fresh_curve_remeasures_and_recaches(tmp_path, monkeypatch):
+    """with_fresh_curve measures again even when a curve is cached, caches it, and resets auto's cap."""
+    from engine.api import EngineInfo, SpecConfig
+    from engine.runtime import Runtime, initial_auto_cap, with_fresh_curve
+
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    target, drafter = tiny.tiny_target(), tiny.dspark_drafter()
+    stale = costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4)
+    info = EngineInfo(model_id="t", model_path="tiny-model", mode="dspark", drafter="tiny-drafter", cap=1,
+                      context_length=64, sampler="rejection")
+    runtime = Runtime(target, drafter, None, info, frozenset(), SpecConfig(), stale)
+    fresh = CostCurve(verify_s=[1.0, 1.01, 1.02, 1.03, 1.04], draft_fixed_s=0.0, draft_per_token_s=0.0)
+    monkeypatch.setattr(costs, "measure_curve", lambda *a: fresh)
+    out = with_fresh_curve(runtime)
+    assert out.curve.verify_s == fresh.verify_s and out.info.cap == initial_auto_cap(fresh, 4) == 4
+    assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).verify_s == fresh.verify_s
+    assert runtime.curve is stale  # the original runtime is left as it was
