@@ -87,6 +87,8 @@ class FeatureSource:
         self._check_manifest()
         missing = [c for c in range(self.num_chunks) if not self._chunk_path(c).exists()]
         for done, c in enumerate(missing, 1):
+            if self._chunk_path(c).exists():  # written meanwhile by another process sharing the cache
+                continue
             self._write_chunk(c)
             if self.progress:
                 self.progress(f"target features: chunk {c + 1}/{self.num_chunks} ({done}/{len(missing)} new)")
