@@ -59,6 +59,7 @@ def test_report_files_and_structure(bench_run):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png in rep["plots"]
     md = (out / "report.md").read_text()
     assert "dspark@auto" in md and "Performance model: dflash" in md and "Prediction, not a measurement" in md
+    assert "auto's cap before any round" in md and set(rep["auto_cap_at_start"]) == {"dspark", "dflash"}
     s = rep["summary"]
     assert set(s["arms"]) == set(names) and set(s["per_prompt"]) == {"p-a", "p-b"}
     assert set(s["speedup_vs_baseline"]) == set(names) - {"baseline"}
@@ -118,3 +119,16 @@ def test_prompt_set_and_quick_plan():
     assert len(load_prompts()[0]) == meta["count"] + 9
     assert QUICK.caps_for(6) == [1, 3, 6] and QUICK.caps_for(5) == [1, 3, 5] and QUICK.caps_for(2) == [1, 2]
     assert BenchPlan(caps=(2, 9)).caps_for(5) == [2, 5] and BenchPlan().caps_for(3) == [1, 2, 3]
+
+
+def test_cli_plan_from_flags():
+    """--quick sets the budgeted plan, explicit flags override it, unknown modes are refused."""
+    from dspark_cli.bench import _plan
+    from dspark_cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--quick", "--max-tokens", "16", "--modes", "dspark", "--no-mlx-lm"])
+    plan = _plan(args)
+    assert (plan.per_kind, plan.max_tokens, plan.modes, plan.mlx_lm, plan.cap_budget) == (1, 16, ("dspark",), False, 3)
+    assert _plan(build_parser().parse_args(["bench"])).per_kind is None
+    with pytest.raises(SystemExit):
+        _plan(build_parser().parse_args(["bench", "--modes", "eagle"]))
