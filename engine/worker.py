@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.api import (
-    EngineCancelled, EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SpecStats, TokenEvent, Usage,
+    EngineCancelled, EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SamplingParams,
+    SpecStats, TokenEvent, Usage,
 )
 from engine.sampling import SamplerSettings
 from engine.spec import DecodeOptions, SpecDecoder
@@ -159,6 +160,23 @@ def run_request(runtime, request: GenerationRequest, cancelled: threading.Event,
         reason = "stop"
     usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(total))
     return Finished(reason=reason, usage=usage, stats=stats, text=tail)
+
+
+def run_greedy_timed(runtime, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], Finished, float]:
+    """One greedy request through `run_request` on this thread: (token ids, its Finished, wall seconds).
+
+    For benchmarks and evaluations; raises RuntimeError if the request fails.
+    """
+    import time
+
+    request = GenerationRequest("timed", tuple(prompt_ids), max_tokens, SamplingParams(temperature=0.0))
+    ids: list[int] = []
+    t0 = time.perf_counter()
+    result = run_request(runtime, request, threading.Event(), lambda ev: ids.extend(ev.token_ids))
+    wall = time.perf_counter() - t0
+    if not isinstance(result, Finished):
+        raise RuntimeError(f"generation failed: {result.error}")
+    return ids, result, wall
 
 
 def _visible(tokens: list[int], decoder: SpecDecoder, runtime) -> list[int]:

@@ -7,7 +7,6 @@ runtime per mode (same target and drafter objects); `auto` is the runtime as bui
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -51,16 +50,9 @@ def build_arms(baseline, spec_runtimes: dict, caps_for, mlx_lm: bool) -> list[Ar
 
 
 def _engine_run(runtime, prompt_ids: list[int], max_tokens: int) -> dict:
-    from engine.api import Finished, GenerationRequest, SamplingParams
-    from engine.worker import run_request
+    from engine.worker import run_greedy_timed
 
-    request = GenerationRequest("bench", tuple(prompt_ids), max_tokens, SamplingParams(temperature=0.0))
-    ids: list[int] = []
-    t0 = time.perf_counter()
-    result = run_request(runtime, request, threading.Event(), lambda ev: ids.extend(ev.token_ids))
-    wall = time.perf_counter() - t0
-    if not isinstance(result, Finished):
-        raise RuntimeError(f"generation failed: {result.error}")
+    ids, result, wall = run_greedy_timed(runtime, prompt_ids, max_tokens)
     s = result.stats
     return {
         "ids": [t for t in ids if t not in runtime.eos_ids], "tokens": len(ids), "wall_s": wall,
