@@ -87,11 +87,12 @@ def arm_summary(records: list[dict], arm: str) -> dict:
 
 
 def per_prompt(records: list[dict], arms: list[str]) -> dict:
-    """Per prompt and arm: median end-to-end tokens/s and median paired speedup vs baseline."""
+    """Per prompt and arm: median end-to-end and decode tokens/s, median paired speedup vs baseline."""
     out = {}
     for prompt in dict.fromkeys(r["prompt"] for r in records):
         rows = [r for r in records if r["prompt"] == prompt]
         out[prompt] = {a: {"e2e_tok_s": spread([e2e_tok_s(r) for r in rows if r["arm"] == a])["median"],
+                           "decode_tok_s": spread([decode_tok_s(r) for r in rows if r["arm"] == a])["median"],
                            "speedup_vs_baseline": spread([p["ratio"] for p in
                                                           paired_ratios(rows, a, BASELINE, e2e_tok_s)])["median"]}
                        for a in arms}

@@ -62,6 +62,7 @@ def test_report_files_and_structure(bench_run):
     assert "auto's cap before any round" in md and set(rep["auto_cap_at_start"]) == {"dspark", "dflash"}
     s = rep["summary"]
     assert set(s["arms"]) == set(names) and set(s["per_prompt"]) == {"p-a", "p-b"}
+    assert set(s["per_prompt"]["p-a"]["dflash@2"]) == {"e2e_tok_s", "decode_tok_s", "speedup_vs_baseline"}
     assert set(s["speedup_vs_baseline"]) == set(names) - {"baseline"}
     assert set(s["speedup_vs_mlx_lm"]) == set(names) - {"mlx-lm"}
     assert len(rep["runs"]) == len(names) * len(PROMPTS) * PLAN.repeats
