@@ -118,7 +118,7 @@ def predictions(summary: dict, mode: str, curve) -> dict:
     rows = []
     for cap, name in fixed:
         a = arms[name]
-        measured_rel = a["round_ms_total"] / base["round_ms_total"] if base["round_ms_total"] else None
+        measured_rel = a["round_ms_total"] / base["round_ms_total"] if a["round_ms_total"] and base["round_ms_total"] else None
         rows.append({"cap": cap, "acceptance_by_position": a["acceptance_by_position"],
                      "predicted_round_time_rel": round(curve.relative_round_time(cap), 4),
                      "measured_round_time_rel": round(measured_rel, 4) if measured_rel else None,
