@@ -35,11 +35,16 @@ def _header(report: dict) -> list[str]:
         f"- prompts: {report['prompts']['file']} ({report['prompts']['count']} prompts, sha256 "
         f"{report['prompts']['sha256'][:12]}), {plan['max_tokens']} tokens, greedy, {plan['repeats']} passes, "
         f"interleaved A B ... B A",
-        *[f"- auto's cap before any round (prior acceptance): "
-          + ", ".join(f"{m} {c}" for m, c in report["auto_cap_at_start"].items())] * bool(report["auto_cap_at_start"]),
+        *_auto_line(report["auto_cap_at_start"]),
         *[f"- skipped: {note}" for note in report["skipped"]],
         *_verify_line(report["summary"].get("target_verify")), "",
     ]
+
+
+def _auto_line(caps: dict) -> list[str]:
+    if not caps:
+        return []
+    return ["- auto's cap before any round (prior acceptance): " + ", ".join(f"{m} {c}" for m, c in caps.items())]
 
 
 def _verify_line(tv: dict | None) -> list[str]:
