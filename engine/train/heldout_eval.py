@@ -13,12 +13,9 @@
 from __future__ import annotations
 
 import statistics
-import threading
-import time
 
 import numpy as np
 
-from engine.api import Finished, GenerationRequest, SamplingParams
 from engine.train.evaluate import speculative_rounds
 from engine.train.sts import Rounds, ece_by_position
 
@@ -78,18 +75,13 @@ def paired_speed(spec_runtime, base_runtime, prompts: list[list[int]], max_token
 
 def _timed(runtime, prompt: list[int], max_tokens: int) -> dict:
     # One greedy request through the worker's own request loop (what serving runs), wall-timed.
-    from engine.worker import run_request
+    from engine.worker import run_greedy_timed
 
-    request = GenerationRequest("eval", tuple(prompt), max_tokens, SamplingParams(temperature=0.0))
-    ids: list[int] = []
-    t0 = time.perf_counter()
-    result = run_request(runtime, request, threading.Event(), lambda ev: ids.extend(ev.token_ids))
-    wall = time.perf_counter() - t0
-    if not isinstance(result, Finished):
-        raise RuntimeError(f"generation failed: {result.error}")
+    ids, result, wall = run_greedy_timed(runtime, prompt, max_tokens)
     s = result.stats
     times = {"prefill": round(s.time_prefill_s, 4), "draft": round(s.time_draft_s, 4),
-             "verify": round(s.time_verify_s, 4), "other": round(s.time_other_s, 4), "wall": round(wall, 4)}
+             "verify": round(s.time_verify_s, 4), "accept": round(s.time_accept_s, 4),
+             "other": round(s.time_other_s, 4), "wall": round(wall, 4)}
     return {"ids": ids, "tokens": len(ids), "tok_s": len(ids) / wall, "tau": s.mean_accepted_length,
             "cap": s.cap, "times": times}
 
