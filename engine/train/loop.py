@@ -189,6 +189,7 @@ class _Meter:
 
     def __init__(self):
         self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}  # steps that computed each part (DFlash: tv on logging steps only)
         self.steps, self.time, self.tokens = 0, 0.0, 0
         self.acc: list[float] | None = None
         self.tau: float | None = None
@@ -199,6 +200,7 @@ class _Meter:
         for key in ("loss", "ce", "tv", "conf", "grad_norm"):
             if key in parts:
                 self.sums[key] = self.sums.get(key, 0.0) + float(parts[key].item())
+                self.counts[key] = self.counts.get(key, 0) + 1
         self.steps, self.time, self.tokens = self.steps + 1, self.time + dt, self.tokens + int(batch.rows.shape[0])
         if "cstar" in parts:  # latest step's estimate (DFlash computes it only on logging steps)
             args = (batch.position, batch.block, batch.num_blocks, batch.num_drafts)
@@ -206,7 +208,7 @@ class _Meter:
             self.greedy_acc, self.greedy_tau = acceptance_estimate(np.array(parts["greedy_match"]), *args)
 
     def entry(self, step: int, lr: float, elapsed: float) -> dict:
-        out = {"step": step, **{k: v / self.steps for k, v in self.sums.items()}}
+        out = {"step": step, **{k: v / self.counts[k] for k, v in self.sums.items()}}
         out.update(lr=lr, tok_s=self.tokens / self.time if self.time else 0.0, step_s=self.time / self.steps,
                    elapsed_s=round(elapsed, 2), acc=self.acc, tau_est=self.tau, greedy_acc=self.greedy_acc,
                    greedy_tau_est=self.greedy_tau)

@@ -449,3 +449,17 @@ def test_cli_registers_train_drafter_and_maps_flags(tmp_path):
     assert cfg.variant == "dflash" and cfg.resolved_layout == "zlab" and cfg.block_size == 5
     assert cfg.taps == (1, 14, 27) and cfg.steps == 30 and cfg.anchors == 8 and args.resume
     assert data.text == ("docs",) and data.continuations == 64 and data.exclude == ("test",)
+
+
+def test_log_averages_each_loss_part_over_the_steps_that_computed_it():
+    """DFlash computes tv only on logging steps: the logged tv is that value, not diluted by the others."""
+    from types import SimpleNamespace
+
+    from engine.train.loop import _Meter
+
+    meter, batch = _Meter(), SimpleNamespace(rows=mx.zeros(4))
+    for step in range(3):
+        parts = {"ce": mx.array(2.0 + step)} | ({"tv": mx.array(1.5)} if step == 2 else {})
+        meter.add(batch, parts, 0.1)
+    entry = meter.entry(3, 1e-3, 0.3)
+    assert entry["ce"] == pytest.approx(3.0) and entry["tv"] == pytest.approx(1.5) and entry["conf"] is None
