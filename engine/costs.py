@@ -42,22 +42,21 @@ def curve_key(model_path: str, drafter_id: str, max_len: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _best_time(fn) -> float:
-    fn()  # warm-up: first shapes pay for allocation
-    best = float("inf")
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+def _round_robin_best(timed, sizes: range, repeats: int) -> list[float]:
+    """Best of ``repeats`` times of ``timed(n)`` per size, sizes taken round-robin (1, 2, ..., 1, 2, ...)
+    so a burst of other load on the machine hits every size alike instead of inflating one of them."""
+    for n in sizes:
+        timed(n)  # warm-up: first shapes pay for allocation
+    best = [float("inf")] * len(sizes)
+    for _ in range(repeats):
+        for i, n in enumerate(sizes):
+            best[i] = min(best[i], timed(n))
     return best
 
 
 def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = REPEATS) -> list[float]:
-    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones.
-
-    Widths are timed round-robin (1, 2, ..., 1, 2, ...) so a burst of other load on the machine
-    hits every width alike instead of inflating one of them.
-    """
+    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones
+    (widths timed round-robin, see `_round_robin_best`)."""
     from engine.models.target import trim_cache
 
     cache = target.make_cache()
@@ -70,14 +69,7 @@ def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = 
         trim_cache(cache, n)
         return elapsed
 
-    widths = range(1, max_len + 2)
-    for n in widths:
-        step(n)  # warm-up: first shapes pay for allocation
-    best = [float("inf")] * len(widths)
-    for _ in range(repeats):
-        for i, n in enumerate(widths):
-            best[i] = min(best[i], step(n))
-    return best
+    return _round_robin_best(step, range(1, max_len + 2), repeats)
 
 
 def measure_curve(target, drafter, max_len: int) -> CostCurve:
@@ -107,13 +99,7 @@ def _drafter_costs(drafter, target) -> tuple[float, float]:
             prev = mx.argmax(row).item()
         return time.perf_counter() - t0
 
-    sizes = range(1, cfg.max_drafts + 1)
-    for n in sizes:
-        draft(n)  # warm-up
-    best = [float("inf")] * len(sizes)
-    for _ in range(REPEATS):  # round-robin, as in measure_verify
-        for i, n in enumerate(sizes):
-            best[i] = min(best[i], draft(n))
+    best = _round_robin_best(draft, range(1, cfg.max_drafts + 1), REPEATS)
     per_token = max(0.0, (best[-1] - best[0]) / (len(best) - 1)) if len(best) > 1 else 0.0
     return max(0.0, best[0] - per_token), per_token
 
