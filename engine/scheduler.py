@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 # Acceptance assumed at every position before a request has finished any round.
 AUTO_PRIOR = 0.6
+# While the estimates say no round can beat a plain decode step, `auto` skips the drafter entirely
+# and probes with one draft every PROBE_EVERY rounds so that the estimates can recover.
+PROBE_EVERY = 16
 
 
 class Scheduler:
@@ -21,6 +24,10 @@ class Scheduler:
     def __init__(self, cap: int):
         self.cap = cap
         self._limit = cap
+
+    def wants_draft(self) -> bool:
+        """Run the drafter this round? False means a plain decode step (decided from past rounds only)."""
+        return True
 
     def begin_round(self, limit: int) -> None:
         """Start a round that may verify at most min(cap, limit) drafts."""
@@ -130,6 +137,22 @@ class AutoScheduler(Scheduler):
         self.acceptance = [prior] * cap  # running estimate per position
         self._round_cap = cap
         self._survival, self._expected, self._best_rate = 1.0, 1.0, 0.0
+        self._skipped, self._probing = 0, False
+        self._round_conf: list[float] = []  # c_1, c_2, ... seen this round
+
+    def wants_draft(self) -> bool:
+        """No while the model's best cap on the running estimates is 0, except one probe round in
+        PROBE_EVERY (which verifies at least one draft). Even with a confidence head this saves the
+        drafter's backbone pass, about 0.2 of a decode step, on rounds that would draft nothing."""
+        self._round_conf = []
+        if self.curve.best_cap(self.acceptance, self.cap)[0] > 0:
+            self._skipped, self._probing = 0, False
+            return True
+        self._skipped += 1
+        self._probing = self._skipped >= PROBE_EVERY
+        if self._probing:
+            self._skipped = 0
+        return self._probing
 
     def begin_round(self, limit: int) -> None:
         super().begin_round(limit)
@@ -137,18 +160,21 @@ class AutoScheduler(Scheduler):
         self._best_rate = 1.0 / self.curve.round_time(0)
         if not self.uses_confidence:
             self._round_cap = min(self._limit, self.curve.best_cap(self.acceptance, self.cap)[0])
+            if self._probing:
+                self._round_cap = min(self._limit, max(self._round_cap, 1))
 
     def admit(self, k: int, confidence: float | None) -> bool:
         if k > self._limit:
             return False
         if not self.uses_confidence or confidence is None:
             return k <= self._round_cap
+        self._round_conf.append(confidence)
         self._survival *= confidence
         self._expected += self._survival
         rate = self._expected / self.curve.round_time(k)
-        if rate <= self._best_rate:
+        if rate <= self._best_rate and not (self._probing and k == 1):
             return False  # early stop: never look further once throughput stops improving
-        self._best_rate = rate
+        self._best_rate = max(rate, self._best_rate)
         return True
 
     @property
@@ -156,12 +182,21 @@ class AutoScheduler(Scheduler):
         return self._limit if self.uses_confidence else self._round_cap
 
     def observe(self, num_verified: int, num_accepted: int, weight: float = 0.05) -> None:
-        """Update the per-position acceptance estimates after a round (EMA)."""
+        """Update the per-position acceptance estimates after a round (EMA).
+
+        Verified positions count as hits or a miss. When the confidence head stopped the round, the
+        first unverified draft's confidence (a calibrated estimate of the same conditional rate)
+        stands in for its outcome; otherwise rounds that admit nothing would leave the estimates,
+        and so `wants_draft`, stuck at the prior.
+        """
         for i in range(min(num_verified, self.cap)):
             hit = 1.0 if i < num_accepted else 0.0
             self.acceptance[i] += weight * (hit - self.acceptance[i])
             if not hit:
-                break
+                return
+        i = num_verified
+        if i < min(len(self._round_conf), self.cap):
+            self.acceptance[i] += weight * (self._round_conf[i] - self.acceptance[i])
 
     @property
     def expected_cap(self) -> int:

@@ -74,7 +74,7 @@ class SpecDecoder:
 
     def step(self, budget: int) -> list[int]:
         """One round committing at most `budget` >= 1 tokens; returns the committed tokens."""
-        if self.drafter is None:
+        if self.drafter is None or not self.scheduler.wants_draft():
             return self._baseline_step()
         t0 = time.perf_counter()
         draft_ids, draft_logprobs = self._draft(limit=budget - 1)
@@ -89,8 +89,12 @@ class SpecDecoder:
         return new
 
     def _baseline_step(self) -> list[int]:
+        """A plain decode step; in a speculative mode its taps queue for the drafter's next round."""
         t0 = time.perf_counter()
-        logits, _ = self.target.forward(mx.array([[self.committed[-1]]]), self.target_cache)
+        logits, taps = self.target.forward(mx.array([[self.committed[-1]]]), self.target_cache)
+        if self.drafter is not None:
+            mx.eval(taps)  # [1, 1, m*d] the anchor's taps: the next draft's context
+            self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
         token = self._sample_target(logits[0, -1], position=len(self.committed))
         t1 = time.perf_counter()
         new = self._commit([token])

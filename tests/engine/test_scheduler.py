@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine import costs
-from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
+from engine.scheduler import PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
 from tests.engine import tiny
 
 # Verify cost grows with width like BLIS on this CPU: 1, 1.5, 1.7, 1.9, 2.1 x one decode step.
@@ -127,3 +127,19 @@ def test_fresh_curve_remeasures_and_recaches(tmp_path, monkeypatch):
     assert out.curve.verify_s == fresh.verify_s and out.info.cap == initial_auto_cap(fresh, 4) == 4
     assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).verify_s == fresh.verify_s
     assert runtime.curve is stale  # the original runtime is left as it was
+
+
+@pytest.mark.parametrize("use_confidence", [False, True])
+def test_auto_skips_rounds_that_cannot_pay_and_probes_with_one_draft(use_confidence):
+    """Low estimates: no drafter pass except a probe every PROBE_EVERY rounds, which verifies one
+    draft whatever the confidence; estimates that recover bring the drafter back every round."""
+    s = AutoScheduler(4, CURVE, use_confidence=use_confidence, prior=0.9)
+    assert s.wants_draft()
+    for _ in range(200):
+        s.observe(num_verified=4, num_accepted=0)
+    decisions = [s.wants_draft() for _ in range(2 * PROBE_EVERY)]
+    assert decisions.count(True) == 2 and decisions[PROBE_EVERY - 1] and decisions[-1]
+    assert admitted(s, [0.01] * 4 if use_confidence else [None] * 4) == 1  # the probe's one draft
+    for _ in range(200):
+        s.observe(num_verified=4, num_accepted=4)
+    assert all(s.wants_draft() for _ in range(PROBE_EVERY))

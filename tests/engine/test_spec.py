@@ -5,7 +5,7 @@ import pytest
 
 from engine.api import SpecStats
 from engine.sampling import SamplerSettings
-from engine.scheduler import Scheduler, ThresholdScheduler
+from engine.scheduler import PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine import tiny
 
@@ -144,3 +144,34 @@ def test_confidence_threshold_truncation_is_lossless_greedy(target):
     for theta in (0.0, 0.3, 0.9):
         dec = make_decoder(target, drafter, 4, scheduler=ThresholdScheduler(4, theta))
         assert run(dec, PROMPTS[0], 20) == plain
+
+
+def _counting_backbone(drafter):
+    calls = []
+    inner = drafter.backbone
+
+    def backbone(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+
+    drafter.backbone = backbone
+    return calls
+
+
+@pytest.mark.parametrize("use_confidence", [False, True])
+def test_auto_skips_the_drafter_while_drafts_cannot_pay_and_stays_exact(target, use_confidence):
+    """With drafts that never pass, `auto` soon runs plain steps (no backbone pass) and probes once in
+    PROBE_EVERY rounds; the queued context keeps the cache invariants and the output is plain greedy."""
+    curve = CostCurve(verify_s=[1.0, 1.5, 1.7, 1.9, 2.1], draft_fixed_s=0.2, draft_per_token_s=0.02)
+    plain = run(make_decoder(target, None, None), PROMPTS[1], 60)
+    wrong = tiny.dspark_drafter() if use_confidence else tiny.OracleDrafter(target, shift=1)
+    calls = _counting_backbone(wrong)
+    dec = make_decoder(target, wrong, 4, scheduler=AutoScheduler(4, curve, use_confidence=use_confidence))
+    assert run(dec, PROMPTS[1], 60) == plain
+    assert dec.stats.rounds == 59 and len(calls) < 59 // PROBE_EVERY + 12, len(calls)
+
+    oracle = tiny.OracleDrafter(target)
+    calls = _counting_backbone(oracle)
+    dec = make_decoder(target, oracle, 4, scheduler=AutoScheduler(4, curve, use_confidence=False))
+    assert run(dec, PROMPTS[1], 60) == plain
+    assert len(calls) == dec.stats.rounds and dec.stats.accepted_tokens == dec.stats.drafted_tokens > 0
