@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--warmup", type=float, default=0.04, help="warm-up fraction of the steps")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--tap-scale", choices=["rms", "none"], default="rms",
+                   help="train fc on taps scaled to unit RMS per feature (folded into fc when saved; "
+                        "tames targets with massive activations)")
     o = p.add_argument_group("output and resume")
     o.add_argument("--out", required=True, type=Path, help="output directory (drafter, training.json, checkpoints)")
     o.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -93,7 +96,8 @@ def configs(args):
         warmup_frac=args.warmup, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
         log_every=args.log_every, seed=args.seed, feature_cache=not args.no_feature_cache,
         feature_dtype=args.feature_dtype, eval_max_tokens=args.eval_max_tokens,
-        sts_temperature=args.sts_temperature, save_dtype=args.save_dtype)
+        sts_temperature=args.sts_temperature, save_dtype=args.save_dtype,
+        tap_scale=args.tap_scale)
     data = DataConfig(
         text=tuple(args.data), exclude=tuple(args.exclude), chat_prompts=tuple(args.chat_prompts),
         continuations=args.generate_continuations, gen_temperature=args.gen_temperature, gen_batch=args.gen_batch, max_samples=args.max_samples,

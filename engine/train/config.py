@@ -66,6 +66,7 @@ class TrainConfig:
     eval_max_tokens: int = 64  # generated tokens per held-out prompt in the greedy tau evaluation
     sts_temperature: float = 0.0  # sampling temperature of the STS calibration rounds (0 = greedy)
     save_dtype: str = "float32"
+    tap_scale: str = "rms"  # "rms": fc trains on unit-RMS tap features (engine.train.precondition); "none"
     extra: dict = field(default_factory=dict)  # free-form notes copied into training.json
 
     def __post_init__(self) -> None:

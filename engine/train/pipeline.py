@@ -25,6 +25,7 @@ import numpy as np
 from engine.loading.drafter import load_drafter
 from engine.models.target import Target
 from engine.train import data as D
+from engine.train import precondition
 from engine.train.batch import valid_anchors
 from engine.train.checkpoint import latest_checkpoint
 from engine.train.config import TrainConfig, default_mask_token_id, make_drafter_config
@@ -109,10 +110,12 @@ def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSourc
            resume: bool, stop_after: int | None, bar: ProgressBar):
     """Initialise (or resume) and train the drafter, then save it in its layout."""
     drafter = init_drafter(dcfg, model, cfg.seed)
+    precondition.apply(drafter, cfg.tap_scale, features.batch, min(precondition.STAT_SAMPLES, len(train)))
     trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
     bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
     result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
-    save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
+    with precondition.folded(drafter):
+        save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
     return trainer, result
 
 
@@ -272,7 +275,8 @@ def _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times,
                   "warmup_steps": cfg.warmup_steps, "seq_len": cfg.seq_len, "loss_weights": cfg.loss_weights,
                   "loss_decay": cfg.loss_decay, "seed": cfg.seed, "resumed_from": result.resumed_from,
                   "train_wall_s": round(result.train_s, 2), "anchor_tokens": result.anchor_tokens,
-                  "anchor_tokens_per_s": round(tok_s, 1), "feature_cache": cfg.feature_cache},
+                  "anchor_tokens_per_s": round(tok_s, 1), "feature_cache": cfg.feature_cache,
+                  "tap_scale": cfg.tap_scale},
         "history": result.history,
         "heldout": heldout,
         "wall_s": {k: round(v, 2) for k, v in times.items()},

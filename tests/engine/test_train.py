@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from engine.loading.drafter import load_drafter
 from engine.models.drafter_config import drafter_config_to_raw, normalize_drafter_config
 from engine.models.target import Target
-from engine.train import checkpoint, sts
+from engine.train import checkpoint, precondition, sts
 from engine.train.batch import attention_mask, build_batch, sample_anchors, valid_anchors
 from engine.train.config import TrainConfig, default_mask_token_id, make_drafter_config
 from engine.train.data import Sample, answer_sample, chunk_ids, list_text_files, record_prompt
@@ -248,6 +248,39 @@ def test_checkpoint_refuses_a_different_drafter(tmp_path, corpus):
         other.run(resume=True)
 
 
+def test_tap_scale_trains_on_unit_rms_features_and_folds_into_a_plain_fc(tmp_path, corpus):
+    """With a massive tap feature, fc trains on unit-RMS inputs; the saved fc (weight * scale) is plain."""
+    cfg = _config(tmp_path, steps=5, checkpoint_every=5, log_every=5)
+    model, target, features, drafter, trainer = _setup(cfg, corpus[:16])
+    width = drafter.config.num_taps * drafter.config.hidden_size
+    boost = mx.ones((width,)).at[3].multiply(1000.0)  # one "massive activation" feature
+
+    def boosted(idx):
+        taps, hidden = features.batch(idx)
+        return taps * boost, hidden
+
+    scale = precondition.apply(drafter, "rms", boosted, 8)
+    assert isinstance(drafter.fc, precondition.ScaledLinear)
+    scaled_rms = precondition.feature_rms(lambda idx: (boosted(idx)[0] * scale, None), 8)
+    assert mx.allclose(scaled_rms, mx.ones_like(scaled_rms), rtol=1e-3).item()
+    assert float(scale[3]) < float(mx.median(scale)) / 300
+    names = {k for k, _ in tree_flatten(drafter.trainable_parameters())}
+    assert "fc.weight" in names and "fc.scale" not in names  # checkpoints keep their keys
+
+    trainer.run()  # the weight moves away from its initialisation
+    taps, _ = boosted([0])
+    ours = drafter.project_context(taps)  # [1, W, d]
+    with precondition.folded(drafter):
+        assert type(drafter.fc).__name__ == "Linear"
+        assert mx.allclose(drafter.project_context(taps), ours, atol=1e-4).item()
+        save_trained(drafter, drafter.config, tmp_path / "saved", "float32")
+    assert isinstance(drafter.fc, precondition.ScaledLinear)
+    loaded, _ = load_drafter(str(tmp_path / "saved"), target_vocab_size=256, target_num_layers=4)
+    assert mx.allclose(loaded.project_context(taps), ours, atol=1e-4).item()
+    plain = init_drafter(drafter.config, model, cfg.seed)
+    assert precondition.apply(plain, "none", boosted, 8) is None and type(plain.fc).__name__ == "Linear"
+
+
 # ---------------------------------------------------------------- features and generation
 
 
@@ -404,7 +437,7 @@ def test_pipeline_trains_saves_evaluates_and_calibrates(tmp_path):
     drafter, dcfg = load_drafter(str(cfg.out), target_vocab_size=256, target_num_layers=4)
     assert dcfg.sts_temperatures == tuple(raw["sts_temperatures"])
     saved = json.loads((cfg.out / "training.json").read_text())
-    assert saved["train"]["steps"] == 12 and len(saved["history"]) == 2
+    assert saved["train"]["steps"] == 12 and len(saved["history"]) == 2 and saved["train"]["tap_scale"] == "rms"
     assert {"estimate", "greedy", "sts"} <= set(saved["heldout"]) and saved["heldout"]["greedy"]["rounds"] > 0
     assert report["data"]["heldout_samples"] == 2 and list((cfg.out / "features").glob("chunk_*.safetensors"))
     with pytest.raises(OutputDirError):
@@ -444,9 +477,11 @@ def test_cli_registers_train_drafter_and_maps_flags(tmp_path):
     args = build_parser().parse_args(["train-drafter", "--data", "docs", "--out", str(tmp_path), "--variant",
                                       "dflash", "--block-size", "5", "--taps", "1,14,27", "--steps", "30",
                                       "--anchors", "8", "--resume", "--generate-continuations", "64",
-                                      "--exclude", "test"])
+                                      "--exclude", "test", "--tap-scale", "none"])
     cfg, data = configs(args)
     assert cfg.variant == "dflash" and cfg.resolved_layout == "zlab" and cfg.block_size == 5
+    assert cfg.tap_scale == "none" and configs(build_parser().parse_args(
+        ["train-drafter", "--data", "docs", "--out", str(tmp_path)]))[0].tap_scale == "rms"
     assert cfg.taps == (1, 14, 27) and cfg.steps == 30 and cfg.anchors == 8 and args.resume
     assert data.text == ("docs",) and data.continuations == 64 and data.exclude == ("test",)
 
