@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from loadtest import report
 from loadtest.stats import summarize_level
-from loadtest.sweep import LoadConfig, first_model_id, run_level
+from loadtest.sweep import LoadConfig, ServerNotReady, make_client, run_level, wait_for_models
 
 MAX_REQUESTS = 10_000  # per level: a load test, not a flood
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench" / "prompts-v1.jsonl"
@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSONL of {\"messages\": [...]} records used round-robin (default: the bench prompt set)")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level; the rest count as errors")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--ready-timeout", type=float, default=300.0,
+                   help="seconds to wait for a server that is still starting or loading its model (default: 300)")
     p.add_argument("--allow-remote", action="store_true", help="allow a base URL that is not on this machine")
     p.add_argument("--out", type=Path, default=Path("load-report"), help="output directory (default: load-report)")
     return p
@@ -71,6 +73,19 @@ async def sweep(cfg: LoadConfig, levels: list[int]) -> list[dict]:
     return out
 
 
+async def _ready_models(cfg: LoadConfig, timeout_s: float) -> list[str]:
+    """Wait (with one message) until the server lists its models, so no request meets a loading server."""
+    said = []
+
+    def waiting(why: str) -> None:
+        if not said:
+            print(f"loadtest: waiting for {cfg.base_url} ({why}) ...", file=sys.stderr, flush=True)
+            said.append(why)
+
+    async with make_client(cfg, 1) as client:
+        return await wait_for_models(client, timeout_s, waiting)
+
+
 def _check(args) -> str | None:
     if not is_loopback(args.base_url) and not args.allow_remote:
         return f"{args.base_url} is not a loopback address; pass --allow-remote to load-test another machine"
@@ -90,8 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoadConfig(base_url=args.base_url, model=args.model or "", prompts=load_prompts(args.prompts),
                      max_tokens=args.max_tokens, requests=args.requests, api_key=args.api_key,
                      request_timeout_s=args.request_timeout, time_limit_s=args.time_limit)
-    if not cfg.model:
-        cfg = LoadConfig(**{**cfg.__dict__, "model": asyncio.run(first_model_id(cfg))})
+    try:
+        models = asyncio.run(_ready_models(cfg, args.ready_timeout))
+    except ServerNotReady as exc:
+        print(f"loadtest: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.model and not models:
+        print("loadtest: the server lists no models; pass --model", file=sys.stderr)
+        return 2
+    cfg = LoadConfig(**{**cfg.__dict__, "model": cfg.model or models[0]})
     rep = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": " ".join(["python -m loadtest", *(argv if argv is not None else sys.argv[1:])]),
            "base_url": cfg.base_url, "model": cfg.model, "max_tokens": cfg.max_tokens, "requests": cfg.requests,

@@ -63,9 +63,32 @@ async def run_level(cfg: LoadConfig, concurrency: int, on_done: Callable[[Reques
     return results, wall
 
 
-async def first_model_id(cfg: LoadConfig) -> str:
-    """The first model the server lists (GET /models), for when --model is not given."""
-    async with make_client(cfg, 1) as client:
-        response = await client.get("models")
-        response.raise_for_status()
-        return response.json()["data"][0]["id"]
+class ServerNotReady(RuntimeError):
+    """The server did not list its models: refused, not ready in time, or not an OpenAI server."""
+
+
+async def wait_for_models(client: httpx.AsyncClient, timeout_s: float, on_wait: Callable[[str], None] = lambda why: None,
+                          poll_s: float = 1.0) -> list[str]:
+    """GET /models until it answers 200; the listed model ids.
+
+    A 503 (dspark still loading its model) or a refused connection (server still starting) is
+    waited out for up to ``timeout_s``, calling ``on_wait(reason)`` before each retry; any other
+    status (401 without --api-key, 404 on a wrong base URL) fails at once with `ServerNotReady`.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            response = await client.get("models")
+        except httpx.TransportError as exc:
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        else:
+            if response.status_code == 200:
+                return [m["id"] for m in response.json().get("data", [])]
+            if response.status_code != 503:
+                raise ServerNotReady(f"GET {response.request.url} answered {response.status_code}: "
+                                     f"{response.text[:300]}")
+            why = "503, still loading"
+        if time.monotonic() + poll_s > deadline:
+            raise ServerNotReady(f"the server was not ready after {timeout_s:g} s ({why})")
+        on_wait(why)
+        await asyncio.sleep(poll_s)

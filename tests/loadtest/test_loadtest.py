@@ -15,6 +15,7 @@ import pytest
 from loadtest.cli import is_loopback, main
 from loadtest.request import stream_chat
 from loadtest.stats import percentile, summarize_level
+from loadtest.sweep import ServerNotReady, wait_for_models
 from tests.real_server import ServeProcess, clean_env
 from tests.server.conftest import free_port
 
@@ -68,6 +69,38 @@ def test_percentiles_and_loopback_default(tmp_path):
 
 
 @pytest.mark.slow
+def _wait(statuses, timeout_s=5.0):
+    """wait_for_models against a scripted server answering `statuses` in turn (None = refused)."""
+    seen, waits = [], []
+
+    def answer(request):
+        status = statuses[min(len(seen), len(statuses) - 1)]
+        seen.append(status)
+        if status is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        body = {"data": [{"id": "m1"}, {"id": "m2"}]} if status == 200 else {"error": {"message": "no"}}
+        return httpx.Response(status, json=body)
+
+    async def go():
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/v1/") as client:
+            return await wait_for_models(client, timeout_s, waits.append, poll_s=0.01)
+
+    return asyncio.run(go()), seen, waits
+
+
+def test_waits_for_a_loading_server_and_fails_clearly_otherwise():
+    """503 (loading) and refused connections are waited out; 401 fails at once; a server that never
+    comes up fails after the ready timeout with the last reason."""
+    models, seen, waits = _wait([None, 503, 503, 200])
+    assert models == ["m1", "m2"] and seen == [None, 503, 503, 200] and len(waits) == 3
+    assert "ConnectError" in waits[0] and "loading" in waits[1]
+    with pytest.raises(ServerNotReady, match="401"):
+        _wait([401])
+    with pytest.raises(ServerNotReady, match="not ready after 0.2 s .*loading"):
+        _wait([503], timeout_s=0.2)
+
+
 def test_sweep_against_real_server(default_model_dir, tmp_path):
     """Concurrency 1, 2, 3 on a queue of one: only deliberate 429s, TTFT grows with queueing, a full report."""
     server = ServeProcess(free_port(), "--mode", "baseline", "--max-queue", "1")
