@@ -11,6 +11,12 @@ Environment:
     DSPARK_BLAS=off            do not load any BLAS (use what the MLX wheel ships)
     DSPARK_BLAS=/path/lib.so   load exactly this library
     DSPARK_BLAS_SEARCH=a:b:c   override the candidate list (used by tests)
+
+Thread count: the library starts with one thread per available core (best for prefill), and
+`blas_threads(n)` changes it for a stretch of work. Decode rounds multiply a few rows by every
+weight matrix; on a 2-core machine BLIS's second thread makes those products slower, not faster
+(SmolLM2, 2 rows: 95 ms at 1 thread against 120 ms at 2), so the engine measures which count
+decodes faster (`engine.costs`) and decodes with it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import ctypes
 import os
 import platform
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 # Debian/Ubuntu multiarch locations; BLIS first (fastest at m=1, see docs), then OpenBLAS.
@@ -51,6 +59,9 @@ class BlasState:
 
 STATE = BlasState()
 _done = False
+_thread_setter = None  # the loaded library's set-num-threads function, when it has one
+_current_threads: int | None = None
+_threads_lock = threading.Lock()
 
 
 def available_cores() -> int:
@@ -92,11 +103,55 @@ def select_blas(candidates: list[str], exists=os.path.exists) -> str | None:
 def _set_threads(lib: ctypes.CDLL, kind: str, threads: int) -> None:
     # The env vars are read at library init, but set the count explicitly too in case the
     # library was initialised before we could export them.
+    global _thread_setter, _current_threads
     setter = {"BLIS": "bli_thread_set_num_threads", "OpenBLAS": "openblas_set_num_threads"}.get(kind)
     fn = getattr(lib, setter, None) if setter else None
     if fn is not None:
         fn.argtypes = [ctypes.c_long] if kind == "BLIS" else [ctypes.c_int]
         fn(threads)
+        _thread_setter, _current_threads = fn, threads
+
+
+def can_set_threads() -> bool:
+    """True when the loaded BLAS lets us change its thread count (BLIS, OpenBLAS)."""
+    return _thread_setter is not None
+
+
+def current_blas_threads() -> int | None:
+    """The loaded BLAS's thread count now (None when it is not ours to set)."""
+    return _current_threads
+
+
+def thread_choices() -> list[int]:
+    """Thread counts worth timing for decode: 1 and the configured count (one entry if equal)."""
+    if not can_set_threads() or not STATE.threads:
+        return []
+    return sorted({1, STATE.threads})
+
+
+@contextmanager
+def blas_threads(n: int | None):
+    """Run the block with the BLAS at ``n`` threads, then restore the previous count.
+
+    A no-op for ``n=None`` or when the BLAS cannot be set. The count is process-wide (BLAS state is
+    global), so the engine uses this on its single worker thread only. Results do not depend on it:
+    BLIS splits a product by output rows and columns, not along the summed dimension (a test checks
+    bit-identical products at 1 and 2 threads).
+    """
+    global _current_threads
+    if n is None or _thread_setter is None or n == _current_threads:
+        yield
+        return
+    with _threads_lock:
+        previous = _current_threads
+        _thread_setter(n)
+        _current_threads = n
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _thread_setter(previous)
+            _current_threads = previous
 
 
 def ensure_fast_blas() -> BlasState:

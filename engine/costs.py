@@ -2,6 +2,8 @@
 
 Verifying l drafts costs one target forward over l + 1 tokens plus the drafter's pass; on a CPU
 that cost grows with l (about 2.2x at l = 7 with BLIS), so the best cap depends on the machine.
+The BLAS thread count that decodes fastest is measured first (`choose_decode_threads`), and the
+curve is timed at that count, the one the engine then decodes with.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from engine.backend import STATE as BLAS
+from engine.backend import blas_threads, thread_choices
 from engine.loading.default_model import cache_root
 from engine.scheduler import CostCurve
 
@@ -36,8 +39,8 @@ def _cpu_name() -> str:
 
 
 def curve_key(model_path: str, drafter_id: str, max_len: int) -> str:
-    """Cache key: machine (CPU, cores, BLAS), model, drafter, dtype and MLX version."""
-    parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, mx.__version__,
+    """Cache key: machine (CPU, cores, BLAS and its thread count), model, drafter, dtype and MLX version."""
+    parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, str(BLAS.threads), mx.__version__,
              str(Path(model_path).resolve()), drafter_id, "float32", str(max_len)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
@@ -54,43 +57,33 @@ def _round_robin_best(timed, sizes: range, repeats: int) -> list[float]:
     return best
 
 
-def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = REPEATS) -> list[float]:
-    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones
-    (widths timed round-robin, see `_round_robin_best`)."""
+def _verify_timer(target, context: int = CONTEXT):
+    """``timed(n)``: seconds of one target forward over n new tokens after `context` cached ones."""
     from engine.models.target import trim_cache
 
     cache = target.make_cache()
     mx.eval(target.forward(mx.array([[1] * context]), cache)[0])
 
-    def step(n: int) -> float:
+    def timed(n: int) -> float:
         t0 = time.perf_counter()
         mx.eval(target.forward(mx.array([[2] * n]), cache))
         elapsed = time.perf_counter() - t0
         trim_cache(cache, n)
         return elapsed
 
-    return _round_robin_best(step, range(1, max_len + 2), repeats)
+    return timed
 
 
-def measure_curve(target, drafter, max_len: int) -> CostCurve:
-    """Time target forwards over 1..max_len+1 tokens and the drafter's backbone and head."""
-    fixed, per_token = _drafter_costs(drafter, target)
-    return CostCurve(verify_s=measure_verify(target, max_len), draft_fixed_s=fixed, draft_per_token_s=per_token)
-
-
-def _drafter_costs(drafter, target) -> tuple[float, float]:
-    """(fixed, per drafted token) seconds, fitted to the time of whole draft passes of 1..max drafts.
-
-    Each pass is what a fixed-cap round runs: the backbone over the block, one lm_head product over
-    the verified rows, then the Markov bias and a sampled token per row. Timing whole passes (not a
-    lone row) keeps the batched lm_head's sub-linear growth in the fit.
-    """
+def _draft_timer(drafter):
+    """``timed(num)``: seconds of one draft pass proposing `num` tokens, as a fixed-cap round runs it:
+    the backbone over the block, one lm_head product over the rows, then the Markov bias and a
+    sampled token per row."""
     cfg = drafter.config
     dcache = drafter.make_cache()
     drafter.append_context(mx.zeros((1, CONTEXT, cfg.num_taps * cfg.hidden_size)), dcache)
     block = mx.array([[1] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # [1, B]
 
-    def draft(num: int) -> float:
+    def timed(num: int) -> float:
         t0 = time.perf_counter()
         h = drafter.draft_hidden(drafter.backbone(None, block, dcache))[0]  # [drafts, d]
         rows, prev = drafter.base_logits(h[:num]), 1  # [num, V]
@@ -99,7 +92,58 @@ def _drafter_costs(drafter, target) -> tuple[float, float]:
             prev = mx.argmax(row).item()
         return time.perf_counter() - t0
 
-    best = _round_robin_best(draft, range(1, cfg.max_drafts + 1), REPEATS)
+    return timed
+
+
+def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = REPEATS) -> list[float]:
+    """Best wall time of a target forward over 1..max_len+1 new tokens after `context` cached ones
+    (widths timed round-robin, see `_round_robin_best`)."""
+    return _round_robin_best(_verify_timer(target, context), range(1, max_len + 2), repeats)
+
+
+# The thread count must win by this much to replace the loaded default: a tie is noise.
+THREADS_MARGIN = 0.03
+
+
+def choose_decode_threads(target, drafter, max_len: int, repeats: int = 3) -> int | None:
+    """The BLAS thread count that runs decode rounds fastest, or None when it cannot be set.
+
+    Each candidate (1 and the loaded count, see `engine.backend.thread_choices`) times the same
+    round proxy: verifying 1 and `max_len` drafts plus a full draft pass, candidates round-robin.
+    The loaded count is kept unless the other is faster by `THREADS_MARGIN`.
+    """
+    choices = thread_choices()
+    if len(choices) < 2:
+        return choices[0] if choices else None
+    verify, draft = _verify_timer(target), _draft_timer(drafter)
+
+    def round_proxy(i: int) -> float:
+        with blas_threads(choices[i]):
+            return verify(2) + verify(max_len + 1) + draft(max_len)
+
+    best = _round_robin_best(round_proxy, range(len(choices)), repeats)
+    loaded = choices.index(BLAS.threads)
+    fastest = min(range(len(choices)), key=best.__getitem__)
+    return choices[fastest] if best[fastest] < best[loaded] * (1 - THREADS_MARGIN) else choices[loaded]
+
+
+def measure_curve(target, drafter, max_len: int) -> CostCurve:
+    """Choose the decode thread count, then time target forwards over 1..max_len+1 tokens and the
+    drafter's backbone and head at it."""
+    threads = choose_decode_threads(target, drafter, max_len)
+    with blas_threads(threads):
+        fixed, per_token = _drafter_costs(drafter)
+        verify = measure_verify(target, max_len)
+    return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token, decode_threads=threads)
+
+
+def _drafter_costs(drafter) -> tuple[float, float]:
+    """(fixed, per drafted token) seconds, fitted to the time of whole draft passes of 1..max drafts.
+
+    Timing whole passes (see `_draft_timer`), not a lone row, keeps the batched lm_head's
+    sub-linear growth in the fit.
+    """
+    best = _round_robin_best(_draft_timer(drafter), range(1, drafter.config.max_drafts + 1), REPEATS)
     per_token = max(0.0, (best[-1] - best[0]) / (len(best) - 1)) if len(best) > 1 else 0.0
     return max(0.0, best[0] - per_token), per_token
 
@@ -110,7 +154,8 @@ def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: 
     path = cache_root() / "costs" / f"{curve_key(model_path, drafter_id, max_len)}.json"
     if path.exists() and not refresh:
         raw = json.loads(path.read_text())
-        return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}))
+        return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}),
+                         raw.get("decode_threads"))
     log.info("measuring the round-cost curve for auto draft length (once per machine and model)")
     curve = measure_curve(target, drafter, max_len)
     curve.meta = {"model": model_path, "drafter": drafter_id, "blas": BLAS.name, "mlx": mx.__version__}

@@ -42,6 +42,11 @@ class Runtime:
     spec: SpecConfig
     curve: object | None = None
 
+    @property
+    def decode_threads(self) -> int | None:
+        """BLAS threads for decode rounds (measured with the cost curve); None leaves the BLAS as loaded."""
+        return getattr(self.curve, "decode_threads", None)
+
     def make_scheduler(self) -> Scheduler | None:
         """A fresh per-request scheduler (None in baseline mode)."""
         if self.drafter is None:
@@ -102,11 +107,11 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     target.check_taps()
     curve, cap = None, None
     if drafter is not None:
+        # Every speculative mode gets the measured curve: `auto` chooses caps with it, and all of
+        # them decode at its BLAS thread count (cached per machine, so measured once).
         max_len = drafter.config.max_drafts
-        cap = max_len if spec.max_draft == "auto" else min(int(spec.max_draft), max_len)
-        if spec.max_draft == "auto":
-            curve = load_or_measure(target, drafter, str(path), source, max_len)
-            cap = initial_auto_cap(curve, max_len)
+        curve = load_or_measure(target, drafter, str(path), source, max_len)
+        cap = initial_auto_cap(curve, max_len) if spec.max_draft == "auto" else min(int(spec.max_draft), max_len)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model, tokenizer), sampler=spec.sampler, vocab_size=target.vocab_size,

@@ -92,6 +92,7 @@ class CostCurve:
     draft_fixed_s: float  # backbone pass (independent of l)
     draft_per_token_s: float  # lm_head + Markov + sampling per drafted position
     meta: dict = field(default_factory=dict)
+    decode_threads: int | None = None  # BLAS threads the curve was timed at (None: left as loaded)
 
     def round_time(self, num_draft: int) -> float:
         """Predicted seconds for a round verifying `num_draft` drafts (0 = plain decode step)."""

@@ -19,6 +19,7 @@ from engine.api import (
     EngineCancelled, EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SamplingParams,
     SpecStats, TokenEvent, Usage,
 )
+from engine.backend import blas_threads
 from engine.sampling import SamplerSettings
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.text import IncrementalDetokenizer, StopMatcher
@@ -140,21 +141,22 @@ def run_request(runtime, request: GenerationRequest, cancelled: threading.Event,
     detok = IncrementalDetokenizer(runtime.tokenizer)
     stops = StopMatcher(list(request.stop))
     total: list[int] = []
-    tokens = decoder.prefill(list(request.prompt_ids))
-    while True:
-        total += tokens
-        text, stopped = stops.push(detok.add(_visible(tokens, decoder, runtime)))
-        if tokens or text:
-            emit(TokenEvent(token_ids=tokens, text=text))
-        if stopped or decoder.done:
-            reason = "stop"
-            break
-        if len(total) >= request.max_tokens:
-            reason = "length"
-            break
-        if cancelled.is_set():
-            return Failed(EngineCancelled("cancelled"))
-        tokens = decoder.step(request.max_tokens - len(total))
+    tokens = decoder.prefill(list(request.prompt_ids))  # long matrices: the BLAS as loaded
+    with blas_threads(runtime.decode_threads):  # a few rows per product: the measured decode count
+        while True:
+            total += tokens
+            text, stopped = stops.push(detok.add(_visible(tokens, decoder, runtime)))
+            if tokens or text:
+                emit(TokenEvent(token_ids=tokens, text=text))
+            if stopped or decoder.done:
+                reason = "stop"
+                break
+            if len(total) >= request.max_tokens:
+                reason = "length"
+                break
+            if cancelled.is_set():
+                return Failed(EngineCancelled("cancelled"))
+            tokens = decoder.step(request.max_tokens - len(total))
     tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
     if stops.stopped:
         reason = "stop"

@@ -54,12 +54,21 @@ def measure(baseline, spec_runtimes: dict, prompts: list[tuple[str, list[int]]],
 
 
 def target_verify_curve(target, max_len: int = VERIFY_WIDTHS - 1) -> dict:
-    """The target's verify cost at widths 1..VERIFY_WIDTHS (drafter-independent; measured every run)."""
+    """The target's verify cost at widths 1..VERIFY_WIDTHS (drafter-independent; measured every run)
+    at the loaded BLAS thread count, and under ``other_threads`` at each other count decode may use."""
+    from engine.backend import STATE, blas_threads, thread_choices
     from engine.costs import CONTEXT, measure_verify
 
-    verify = measure_verify(target, max_len)
-    return {"context": CONTEXT, "widths": list(range(1, len(verify) + 1)),
-            "ms": [round(1000 * t, 3) for t in verify], "relative": [round(t / verify[0], 3) for t in verify]}
+    def timed(threads: int | None) -> dict:
+        with blas_threads(threads):
+            verify = measure_verify(target, max_len)
+        return {"threads": threads, "ms": [round(1000 * t, 3) for t in verify],
+                "relative": [round(t / verify[0], 3) for t in verify]}
+
+    loaded = timed(None)
+    loaded["threads"] = STATE.threads
+    others = [timed(n) for n in thread_choices() if n != STATE.threads]
+    return {"context": CONTEXT, "widths": list(range(1, len(loaded["ms"]) + 1)), **loaded, "other_threads": others}
 
 
 def build_report(records: list[dict], summ: dict, spec_runtimes: dict, *, plan: BenchPlan, environment: dict,

@@ -47,11 +47,22 @@ def _auto_line(caps: dict) -> list[str]:
     return ["- auto's cap before any round (prior acceptance): " + ", ".join(f"{m} {c}" for m, c in caps.items())]
 
 
+def _threads_line(threads: int | None) -> list[str]:
+    if threads is None:
+        return []
+    return ["", f"Decode rounds ran at {threads} BLAS thread(s), the count the engine measured as fastest for them "
+                "(prefill and baseline steps run at the loaded count)."]
+
+
 def _verify_line(tv: dict | None) -> list[str]:
     if not tv:
         return []
-    cells = ", ".join(f"{w}: {ms:.1f} ms (x{r:.2f})" for w, ms, r in zip(tv["widths"], tv["ms"], tv["relative"]))
-    return [f"- target verify cost by width (tokens in one forward, context {tv['context']}): {cells}"]
+    def cells(curve: dict) -> str:
+        return ", ".join(f"{w}: {ms:.1f} ms (x{r:.2f})" for w, ms, r in zip(tv["widths"], curve["ms"], curve["relative"]))
+
+    lines = [f"- target verify cost by width (tokens in one forward, context {tv['context']}, "
+             f"{tv.get('threads')} BLAS threads): {cells(tv)}"]
+    return lines + [f"- the same at {c['threads']} BLAS thread(s): {cells(c)}" for c in tv.get("other_threads", [])]
 
 
 def _arm_table(report: dict) -> list[str]:
@@ -76,7 +87,8 @@ def _model_tables(report: dict) -> list[str]:
     lines = []
     for mode, m in report["summary"]["model"].items():
         lines += [f"## Performance model: {mode}", "",
-                  "Predicted decode speedup = expected tokens per round / (round time / one decode step).", "",
+                  "Predicted decode speedup = expected tokens per round / (round time / one decode step).",
+                  *_threads_line(m.get("curve", {}).get("decode_threads")), "",
                   "| cap | acceptance by position | round time rel. predicted | measured | speedup predicted | "
                   "measured | ceiling |", "|" + "---|" * 7]
         for r in m["by_cap"]:

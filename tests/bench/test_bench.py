@@ -71,6 +71,7 @@ def test_report_files_and_structure(bench_run):
     assert all(r["same_as_baseline"] for r in rep["runs"]), "greedy decoding must match baseline in every arm"
     tv = s["target_verify"]
     assert tv["widths"] == list(range(1, 10)) and len(tv["ms"]) == 9 and tv["relative"][0] == 1.0
+    assert all(len(c["ms"]) == 9 and c["threads"] != tv["threads"] for c in tv["other_threads"])
     assert "target verify cost by width" in md
 
 

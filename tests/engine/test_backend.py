@@ -52,3 +52,40 @@ def test_disable_switch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "DSPARK_BLAS": "off"}).stdout
     assert out.strip() == "reference (bundled) | disabled by DSPARK_BLAS=off"
+
+
+needs_threads = pytest.mark.skipif(not backend.can_set_threads() or (backend.STATE.threads or 1) < 2,
+                                   reason="needs a BLAS whose thread count we set, on >= 2 cores")
+
+
+@needs_threads
+def test_blas_threads_sets_and_restores():
+    """blas_threads(n) holds n inside the block and restores the loaded count after it, also on error."""
+    loaded = backend.current_blas_threads()
+    with backend.blas_threads(1):
+        assert backend.current_blas_threads() == 1
+    assert backend.current_blas_threads() == loaded
+    with pytest.raises(RuntimeError), backend.blas_threads(1):
+        raise RuntimeError("boom")
+    assert backend.current_blas_threads() == loaded
+    with backend.blas_threads(None):  # None: leave the BLAS as loaded
+        assert backend.current_blas_threads() == loaded
+    assert backend.thread_choices() == [1, loaded]
+
+
+@needs_threads
+def test_products_do_not_depend_on_thread_count():
+    """Decode at 1 thread must give bit-identical logits to the loaded count (lossless greedy relies on it)."""
+    import mlx.core as mx
+
+    mx.random.seed(0)
+    for n_out, k in ((1536, 576), (49152, 576)):
+        w = mx.random.normal((n_out, k))
+        for m in (2, 8, 300):
+            x = mx.random.normal((m, k))
+            with backend.blas_threads(1):
+                one = x @ w.T
+                mx.eval(one)
+            many = x @ w.T
+            mx.eval(many)
+            assert mx.array_equal(one, many).item(), (n_out, k, m)

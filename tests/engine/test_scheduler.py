@@ -5,6 +5,7 @@ import json
 import pytest
 
 from engine import costs
+from engine.backend import thread_choices
 from engine.scheduler import PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
 from tests.engine import tiny
 
@@ -85,8 +86,34 @@ def test_cost_curve_measured_once_and_cached(tmp_path, monkeypatch):
     assert len(curve.verify_s) == 5 and all(t > 0 for t in curve.verify_s)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["meta"]["model"] == "tiny-model"
+    assert curve.decode_threads in ([None] if not thread_choices() else thread_choices())
     monkeypatch.setattr(costs, "measure_curve", lambda *a: pytest.fail("measured again"))
-    assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).verify_s == curve.verify_s
+    cached = costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4)
+    assert cached.verify_s == curve.verify_s and cached.decode_threads == curve.decode_threads
+
+
+def test_decode_threads_choice_prefers_loaded_count_on_a_tie(monkeypatch):
+    """The other thread count replaces the loaded one only when its round proxy is clearly faster."""
+    target, drafter = tiny.tiny_target(), tiny.dspark_drafter()
+    monkeypatch.setattr(costs, "thread_choices", lambda: [1, 2])
+    monkeypatch.setattr(costs.BLAS, "threads", 2)
+    for times, want in (([1.0, 1.0], 2), ([0.99, 1.0], 2), ([0.9, 1.0], 1), ([1.2, 1.0], 2)):
+        monkeypatch.setattr(costs, "_round_robin_best", lambda timed, sizes, repeats, t=times: list(t))
+        assert costs.choose_decode_threads(target, drafter, 4) == want, times
+    monkeypatch.setattr(costs, "thread_choices", lambda: [])
+    assert costs.choose_decode_threads(target, drafter, 4) is None
+
+
+def test_old_cached_curve_without_threads_loads(tmp_path, monkeypatch):
+    """A curve cached before the thread choice existed still loads, decoding at the loaded count."""
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    target, drafter = tiny.tiny_target(), tiny.dspark_drafter()
+    costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4)
+    path = next((tmp_path / "costs").glob("*.json"))
+    raw = json.loads(path.read_text())
+    raw.pop("decode_threads")
+    path.write_text(json.dumps(raw))
+    assert costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4).decode_threads is None
 
 
 def test_performance_model_formula():

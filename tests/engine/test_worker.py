@@ -10,9 +10,11 @@ from engine.api import (
     ContextLengthExceeded, EngineConfig, EngineDead, EngineError, EngineInfo, EngineOverloaded, Finished,
     GenerationRequest, SamplingParams, SpecConfig, TokenEvent,
 )
+from engine import backend
 from engine.client import EngineClient
 from engine.runtime import Runtime
-from engine.scheduler import Scheduler
+from engine.scheduler import CostCurve, Scheduler
+from engine.worker import run_request
 from tests.engine import tiny
 
 
@@ -194,3 +196,44 @@ def test_load_failure_marks_engine_dead():
             client.submit(request())
 
     asyncio.run(main())
+
+
+class _ThreadSpy:
+    """Target proxy that records the BLAS thread count at every forward."""
+
+    def __init__(self, target):
+        self.inner, self.seen = target, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, ids, cache):
+        self.seen.append((ids.shape[1], backend.current_blas_threads()))
+        return self.inner.forward(ids, cache)
+
+
+@pytest.mark.skipif(not backend.can_set_threads() or (backend.STATE.threads or 1) < 2,
+                    reason="needs a BLAS whose thread count we set, on >= 2 cores")
+def test_decode_rounds_run_at_the_curves_thread_count(tokenizer):
+    """Prefill runs at the loaded count, every decode round at the curve's decode_threads, then the
+    count is restored; the greedy tokens equal those of a runtime that never changes it."""
+    loaded = backend.current_blas_threads()
+    spy = _ThreadSpy(tiny.tiny_target())
+    drafter = tiny.dspark_drafter()
+    info = EngineInfo(model_id="tiny", model_path="-", mode="dspark", drafter="random", cap=2, context_length=64,
+                      sampler="rejection")
+    curve = CostCurve(verify_s=[1.0, 1.1, 1.2, 1.3, 1.4], draft_fixed_s=0.1, draft_per_token_s=0.01, decode_threads=1)
+    results = []
+    for c in (curve, None):
+        runtime = Runtime(spy, drafter, tokenizer, info, frozenset(), SpecConfig(mode="dspark", max_draft=2), c)
+        spy.seen.clear()
+        ids = []
+        run_request(runtime, request(max_tokens=12), threading.Event(), lambda ev: ids.extend(ev.token_ids))
+        results.append(ids)
+        if c is not None:
+            seen = list(spy.seen)
+    assert seen[0] == (3, loaded) and len(seen) > 2  # the prompt (3 ids) at the loaded count
+    assert all(threads == 1 for _, threads in seen[1:])
+    assert backend.current_blas_threads() == loaded
+    assert all(threads == loaded for _, threads in spy.seen)  # no curve: the BLAS is left alone
+    assert results[0] == results[1] and len(results[0]) == 12
