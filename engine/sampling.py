@@ -159,7 +159,12 @@ def mix_key(seed: int, *counters: int) -> mx.array:
 
 def sample_from_logprobs(logprobs: mx.array, key: mx.array) -> int:
     """Draw one token id from the categorical distribution with log-probabilities [V]."""
-    return mx.random.categorical(logprobs, key=key).item()
+    return categorical_token(logprobs, key).item()
+
+
+def categorical_token(logprobs: mx.array, key: mx.array) -> mx.array:
+    """`sample_from_logprobs` as a lazy scalar array (nothing is evaluated)."""
+    return mx.random.categorical(logprobs, key=key)
 
 
 def sample_draft(
@@ -291,8 +296,13 @@ def gumbel_noise(seed: int, position: int, vocab: int) -> mx.array:
 
 def seed_stable_sample(target_logprobs_row: mx.array, seed: int, position: int) -> int:
     """Sample the token at `position` as argmax(logp + g(seed, position)), an exact draw from p."""
+    return seed_stable_token(target_logprobs_row, seed, position).item()
+
+
+def seed_stable_token(target_logprobs_row: mx.array, seed: int, position: int) -> mx.array:
+    """`seed_stable_sample` as a lazy scalar array (nothing is evaluated)."""
     vocab = target_logprobs_row.shape[-1]
-    return mx.argmax(target_logprobs_row + gumbel_noise(seed, position, vocab)).item()
+    return mx.argmax(target_logprobs_row + gumbel_noise(seed, position, vocab))
 
 
 def seed_stable_accept(

@@ -1,7 +1,8 @@
 """Speculative decoding of one request: prefill, then draft -> verify -> accept -> roll back rounds.
 
 State after every round (spec section 6.2), with `committed` = prompt + generated tokens:
-    target cache length            == len(committed) - 1   (all but the pending anchor)
+    target cache length            == len(committed) - 1   (all but the pending anchor; baseline
+                                      mode: + 1 while the next token's forward is queued)
     draft context cached + pending == len(committed) - 1
     anchor                          == committed[-1]
 The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
@@ -45,6 +46,7 @@ class SpecDecoder:
         self.target_cache = target.make_cache()
         self.draft_cache = drafter.make_cache() if drafter is not None else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
+        self._ahead: mx.array | None = None  # baseline mode: the next token, its forward queued
         self.done = False
 
     def committed_view(self) -> list[int]:
@@ -74,7 +76,9 @@ class SpecDecoder:
 
     def step(self, budget: int) -> list[int]:
         """One round committing at most `budget` >= 1 tokens; returns the committed tokens."""
-        if self.drafter is None or not self.scheduler.wants_draft():
+        if self.drafter is None:
+            return self._pipelined_step(budget)
+        if not self.scheduler.wants_draft():
             return self._baseline_step()
         t0 = time.perf_counter()
         draft_ids, draft_logprobs = self._draft(limit=budget - 1)
@@ -100,6 +104,29 @@ class SpecDecoder:
         new = self._commit([token])
         self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
         return new
+
+    def _pipelined_step(self, budget: int) -> list[int]:
+        """Baseline mode's decode step, pipelined as mlx-lm's generate is: the forward of the token
+        after this one is queued (from the still-lazy token) before this token is read, so building
+        its graph overlaps this forward. Same forwards, same draws, so the same tokens as
+        `_baseline_step`; an early stop leaves one queued forward unused (the decoder is dropped)."""
+        t0 = time.perf_counter()
+        n = len(self.committed)
+        current = self._ahead if self._ahead is not None else self._launch(mx.array([[self.committed[-1]]]), n)
+        # Nothing is queued after the last token the budget allows.
+        self._ahead = self._launch(current.reshape(1, 1), n + 1) if budget > 1 else None
+        token = current.item()
+        t1 = time.perf_counter()
+        new = self._commit([token])
+        self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
+        return new
+
+    def _launch(self, ids: mx.array, position: int) -> mx.array:
+        """Queue the target forward of ids [1, 1] and the draw for `position` after it; the lazy token."""
+        logits, _ = self.target.forward(ids, self.target_cache)  # [1, 1, V]
+        token = self._target_token(logits[0, -1], position)
+        mx.async_eval(token)
+        return token
 
     def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
         """Sample up to `limit` drafts sequentially (Markov bias uses the *sampled* previous token)."""
@@ -163,13 +190,17 @@ class SpecDecoder:
 
     def _sample_target(self, logits: mx.array, position: int) -> int:
         """Plain target sample for `position` (prefill's first token and baseline mode)."""
+        return self._target_token(logits, position).item()
+
+    def _target_token(self, logits: mx.array, position: int) -> mx.array:
+        """`_sample_target` as a lazy scalar array: the same draw, not yet evaluated."""
         s = self.opts.settings
         if s.greedy:
-            return mx.argmax(logits).item()
+            return mx.argmax(logits)
         logp = sampling.process_logits(logits, s)
         if self.opts.sampler == "seed-stable":
-            return sampling.seed_stable_sample(logp, self.opts.seed, position)
-        return sampling.sample_from_logprobs(logp, sampling.mix_key(self.opts.seed, _STREAM_TARGET, position))
+            return sampling.seed_stable_token(logp, self.opts.seed, position)
+        return sampling.categorical_token(logp, sampling.mix_key(self.opts.seed, _STREAM_TARGET, position))
 
     def _sample_draft(self, logits: mx.array, position: int) -> tuple[int, mx.array | None]:
         s = self.opts.settings
@@ -213,7 +244,8 @@ class SpecDecoder:
     def check_invariants(self) -> None:
         """Assert the round bookkeeping invariants (used by tests after every round)."""
         n = len(self.committed)
-        assert cache_length(self.target_cache) == n - 1, (cache_length(self.target_cache), n)
+        queued = int(self._ahead is not None)  # baseline mode: the queued token's forward is cached
+        assert cache_length(self.target_cache) == n - 1 + queued, (cache_length(self.target_cache), n, queued)
         if self.drafter is not None:
             pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
             assert self.drafter.context_length(self.draft_cache) + pending == n - 1

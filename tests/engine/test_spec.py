@@ -175,3 +175,41 @@ def test_auto_skips_the_drafter_while_drafts_cannot_pay_and_stays_exact(target, 
     dec = make_decoder(target, oracle, 4, scheduler=AutoScheduler(4, curve, use_confidence=False))
     assert run(dec, PROMPTS[1], 60) == plain
     assert len(calls) == dec.stats.rounds and dec.stats.accepted_tokens == dec.stats.drafted_tokens > 0
+
+
+def _sync_baseline(dec, prompt, max_tokens):
+    """Plain baseline decoding without pipelining: `_baseline_step` reads each token before the next forward."""
+    out = dec.prefill(prompt)
+    while len(out) < max_tokens and not dec.done:
+        out += dec._baseline_step()
+    return out
+
+
+@pytest.mark.parametrize("settings,sampler", [
+    (GREEDY, "rejection"),
+    (SamplerSettings(temperature=0.9, top_p=0.9), "rejection"),
+    (SamplerSettings(temperature=1.3, top_k=20), "seed-stable"),
+])
+def test_pipelined_baseline_equals_unpipelined(target, settings, sampler):
+    """Baseline mode queues the next forward before reading a token: the same tokens as reading each
+    token first (greedy and seeded sampling), invariants after every step, nothing queued past the budget."""
+    for prompt in PROMPTS:
+        for n in (1, 2, 9, 24):
+            want = _sync_baseline(make_decoder(target, None, None, settings, sampler, seed=7), prompt, n)
+            dec = make_decoder(target, None, None, settings, sampler, seed=7)
+            got = run(dec, prompt, n)
+            assert got == want, (prompt, n)
+            assert dec._ahead is None  # the last step of the budget queues nothing
+            dec.check_invariants()
+
+
+def test_pipelined_baseline_stops_at_stop_id_with_one_forward_queued(target):
+    """A stop id ends the output at once; the forward queued after it is left unused (invariants still hold)."""
+    plain = run(make_decoder(target, None, None), PROMPTS[0], 20)
+    stop = plain[5]
+    k = plain.index(stop)
+    dec = make_decoder(target, None, None, stop_ids=[stop])
+    out = run(dec, PROMPTS[0], 20)
+    assert out == plain[: k + 1] and dec.done
+    if k > 0:  # the stop came from a step (not prefill), which queued one more forward
+        assert dec._ahead is not None
