@@ -29,6 +29,10 @@ class Scheduler:
         """Run the drafter this round? False means a plain decode step (decided from past rounds only)."""
         return True
 
+    def next_is_plain(self) -> bool:
+        """Asked during a plain step: will the next `wants_draft` say no? (Only `auto` skips.)"""
+        return False
+
     def begin_round(self, limit: int) -> None:
         """Start a round that may verify at most min(cap, limit) drafts."""
         self._limit = max(0, min(self.cap, limit))
@@ -140,6 +144,11 @@ class AutoScheduler(Scheduler):
         self._survival, self._expected, self._best_rate = 1.0, 1.0, 0.0
         self._skipped, self._probing = 0, False
         self._round_conf: list[float] = []  # c_1, c_2, ... seen this round
+
+    def next_is_plain(self) -> bool:
+        """Whether the next `wants_draft` will say no, asked during a skipped round (which leaves the
+        estimates as they are), so the decoder can queue that plain step's forward early."""
+        return self.curve.best_cap(self.acceptance, self.cap)[0] == 0 and self._skipped + 1 < PROBE_EVERY
 
     def wants_draft(self) -> bool:
         """No while the model's best cap on the running estimates is 0, except one probe round in

@@ -1,9 +1,9 @@
 """Speculative decoding of one request: prefill, then draft -> verify -> accept -> roll back rounds.
 
 State after every round (spec section 6.2), with `committed` = prompt + generated tokens:
-    target cache length            == len(committed) - 1   (all but the pending anchor; baseline
-                                      mode: + 1 while the next token's forward is queued)
+    target cache length            == len(committed) - 1   (all but the pending anchor)
     draft context cached + pending == len(committed) - 1
+(each + 1 while a plain step has queued the next token's forward, see `_plain_step`)
     anchor                          == committed[-1]
 The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
 z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
@@ -46,7 +46,7 @@ class SpecDecoder:
         self.target_cache = target.make_cache()
         self.draft_cache = drafter.make_cache() if drafter is not None else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
-        self._ahead: mx.array | None = None  # baseline mode: the next token, its forward queued
+        self._ahead: mx.array | None = None  # the next plain step's token, its forward queued
         self.done = False
 
     def committed_view(self) -> list[int]:
@@ -77,9 +77,9 @@ class SpecDecoder:
     def step(self, budget: int) -> list[int]:
         """One round committing at most `budget` >= 1 tokens; returns the committed tokens."""
         if self.drafter is None:
-            return self._pipelined_step(budget)
-        if not self.scheduler.wants_draft():
-            return self._baseline_step()
+            return self._plain_step(queue_next=budget > 1)
+        if not self.scheduler.wants_draft() or self._ahead is not None:
+            return self._plain_step(queue_next=budget > 1 and self.scheduler.next_is_plain())
         t0 = time.perf_counter()
         draft_ids, draft_logprobs = self._draft(limit=budget - 1)
         t1 = time.perf_counter()
@@ -92,29 +92,18 @@ class SpecDecoder:
         self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
 
-    def _baseline_step(self) -> list[int]:
-        """A plain decode step; in a speculative mode its taps queue for the drafter's next round."""
-        t0 = time.perf_counter()
-        logits, taps = self.target.forward(mx.array([[self.committed[-1]]]), self.target_cache)
-        if self.drafter is not None:
-            mx.eval(taps)  # [1, 1, m*d] the anchor's taps: the next draft's context
-            self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
-        token = self._sample_target(logits[0, -1], position=len(self.committed))
-        t1 = time.perf_counter()
-        new = self._commit([token])
-        self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
-        return new
+    def _plain_step(self, queue_next: bool) -> list[int]:
+        """A plain decode step: baseline mode, or a round `auto` decodes without the drafter.
 
-    def _pipelined_step(self, budget: int) -> list[int]:
-        """Baseline mode's decode step, pipelined as mlx-lm's generate is: the forward of the token
-        after this one is queued (from the still-lazy token) before this token is read, so building
-        its graph overlaps this forward. Same forwards, same draws, so the same tokens as
-        `_baseline_step`; an early stop leaves one queued forward unused (the decoder is dropped)."""
+        Pipelined as mlx-lm's generate is: when the next step is plain too (`queue_next`), its
+        forward is queued from the still-lazy token before this token is read, so building that
+        graph, detokenizing and streaming overlap this forward. The forwards and draws are those of
+        reading each token first; a stop leaves the queued forward unused (the decoder is dropped).
+        """
         t0 = time.perf_counter()
         n = len(self.committed)
         current = self._ahead if self._ahead is not None else self._launch(mx.array([[self.committed[-1]]]), n)
-        # Nothing is queued after the last token the budget allows.
-        self._ahead = self._launch(current.reshape(1, 1), n + 1) if budget > 1 else None
+        self._ahead = self._launch(current.reshape(1, 1), n + 1) if queue_next else None
         token = current.item()
         t1 = time.perf_counter()
         new = self._commit([token])
@@ -122,10 +111,15 @@ class SpecDecoder:
         return new
 
     def _launch(self, ids: mx.array, position: int) -> mx.array:
-        """Queue the target forward of ids [1, 1] and the draw for `position` after it; the lazy token."""
-        logits, _ = self.target.forward(ids, self.target_cache)  # [1, 1, V]
+        """Queue the target forward of ids [1, 1] and the draw for `position` after it; the lazy token.
+        In a speculative mode the forward's taps [1, 1, m*d] join the drafter's pending context."""
+        logits, taps = self.target.forward(ids, self.target_cache)  # [1, 1, V]
         token = self._target_token(logits[0, -1], position)
-        mx.async_eval(token)
+        if self.drafter is None:
+            mx.async_eval(token)
+            return token
+        self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
+        mx.async_eval(token, taps)
         return token
 
     def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
@@ -244,8 +238,8 @@ class SpecDecoder:
     def check_invariants(self) -> None:
         """Assert the round bookkeeping invariants (used by tests after every round)."""
         n = len(self.committed)
-        queued = int(self._ahead is not None)  # baseline mode: the queued token's forward is cached
+        queued = int(self._ahead is not None)  # a queued forward is cached (and its taps pending)
         assert cache_length(self.target_cache) == n - 1 + queued, (cache_length(self.target_cache), n, queued)
         if self.drafter is not None:
             pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
-            assert self.drafter.context_length(self.draft_cache) + pending == n - 1
+            assert self.drafter.context_length(self.draft_cache) + pending == n - 1 + queued

@@ -178,10 +178,10 @@ def test_auto_skips_the_drafter_while_drafts_cannot_pay_and_stays_exact(target, 
 
 
 def _sync_baseline(dec, prompt, max_tokens):
-    """Plain baseline decoding without pipelining: `_baseline_step` reads each token before the next forward."""
+    """Plain decoding without pipelining: each token is read before the next forward is built."""
     out = dec.prefill(prompt)
     while len(out) < max_tokens and not dec.done:
-        out += dec._baseline_step()
+        out += dec._plain_step(queue_next=False)
     return out
 
 
@@ -213,3 +213,22 @@ def test_pipelined_baseline_stops_at_stop_id_with_one_forward_queued(target):
     assert out == plain[: k + 1] and dec.done
     if k > 0:  # the stop came from a step (not prefill), which queued one more forward
         assert dec._ahead is not None
+
+
+def test_auto_plain_steps_are_pipelined_and_predicted(target):
+    """While `auto` skips the drafter, a plain step queues the next one's forward; `next_is_plain`
+    always matches the next `wants_draft`, so a queued forward never meets a draft round."""
+    curve = CostCurve(verify_s=[1.0, 1.5, 1.7, 1.9, 2.1], draft_fixed_s=0.2, draft_per_token_s=0.02)
+    sched = AutoScheduler(4, curve, use_confidence=False)
+    dec = make_decoder(target, tiny.OracleDrafter(target, shift=1), 4, scheduler=sched)
+    seen, wants = [], sched.wants_draft
+
+    def spy():
+        queued = dec._ahead is not None
+        seen.append((queued, wants()))
+        return seen[-1][1]
+
+    sched.wants_draft = spy
+    assert run(dec, PROMPTS[1], 60) == run(make_decoder(target, None, None), PROMPTS[1], 60)
+    assert not any(queued and draft for queued, draft in seen)
+    assert sum(queued for queued, _ in seen) > len(seen) // 2, seen
