@@ -41,7 +41,7 @@ def _cpu_name() -> str:
 def curve_key(model_path: str, drafter_id: str, max_len: int) -> str:
     """Cache key: machine (CPU, cores, BLAS and its thread count), model, drafter, dtype and MLX version."""
     parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, str(BLAS.threads), mx.__version__,
-             str(Path(model_path).resolve()), drafter_id, "float32", str(max_len)]
+             str(Path(model_path).resolve()), drafter_id, "float32", str(max_len), "curve-v2"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -101,6 +101,34 @@ def measure_verify(target, max_len: int, context: int = CONTEXT, repeats: int = 
     return _round_robin_best(_verify_timer(target, context), range(1, max_len + 2), repeats)
 
 
+def measure_plain_step(target, steps: int = 8, repeats: int = REPEATS) -> float:
+    """Seconds per token of plain greedy decoding as the engine runs it, pipelined: each step queues
+    the next forward before reading its token (`SpecDecoder._plain_step`). Best of `repeats` runs of
+    `steps` tokens after CONTEXT cached ones."""
+    from engine.models.target import trim_cache
+
+    cache = target.make_cache()
+    mx.eval(target.forward(mx.array([[1] * CONTEXT]), cache)[0])
+
+    def launch(ids: mx.array) -> mx.array:
+        token = mx.argmax(target.forward(ids, cache)[0][0, -1])
+        mx.async_eval(token)
+        return token
+
+    def timed(_: int) -> float:
+        t0 = time.perf_counter()
+        ahead = launch(mx.array([[2]]))
+        for _ in range(steps - 1):
+            current, ahead = ahead, launch(ahead.reshape(1, 1))
+            current.item()
+        ahead.item()
+        elapsed = time.perf_counter() - t0
+        trim_cache(cache, steps)
+        return elapsed / steps
+
+    return _round_robin_best(timed, range(1), repeats)[0]
+
+
 # The thread count must win by this much to replace the loaded default: a tie is noise.
 THREADS_MARGIN = 0.03
 
@@ -134,7 +162,9 @@ def measure_curve(target, drafter, max_len: int) -> CostCurve:
     with blas_threads(threads):
         fixed, per_token = _drafter_costs(drafter)
         verify = measure_verify(target, max_len)
-    return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token, decode_threads=threads)
+        plain = measure_plain_step(target)
+    return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token, decode_threads=threads,
+                     plain_step_s=plain)
 
 
 def _drafter_costs(drafter) -> tuple[float, float]:
@@ -155,7 +185,7 @@ def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: 
     if path.exists() and not refresh:
         raw = json.loads(path.read_text())
         return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}),
-                         raw.get("decode_threads"))
+                         raw.get("decode_threads"), raw.get("plain_step_s"))
     log.info("measuring the round-cost curve for auto draft length (once per machine and model)")
     curve = measure_curve(target, drafter, max_len)
     curve.meta = {"model": model_path, "drafter": drafter_id, "blas": BLAS.name, "mlx": mx.__version__}
@@ -177,7 +207,7 @@ def flat_verify_curve(measured: CostCurve, row_growth: float = FLAT_ROW_GROWTH) 
     Verify cost is assumed to be 1 + row_growth * l; the drafter's costs relative to one decode step
     are taken from `measured` (on a CPU with a fast BLAS, m = 1 decoding is bandwidth-bound too).
     """
-    step = measured.verify_s[0]
+    step = measured.verify_s[0]  # the assumed curve is relative to a lone one-token forward
     verify = [1.0 + row_growth * i for i in range(len(measured.verify_s))]
     return CostCurve(verify_s=verify, draft_fixed_s=measured.draft_fixed_s / step,
                      draft_per_token_s=measured.draft_per_token_s / step,

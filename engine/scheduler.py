@@ -14,6 +14,10 @@ AUTO_PRIOR = 0.6
 # While the estimates say no round can beat a plain decode step, `auto` skips the drafter entirely
 # and probes with one draft every PROBE_EVERY rounds so that the estimates can recover.
 PROBE_EVERY = 16
+# The prior counts as this many observed rounds: a position's first outcomes move its estimate as a
+# running mean would (1/5, 1/6, ...), later ones by the EMA weight, so a short request leaves a
+# prior that does not fit its drafter within a few rounds and a long one still follows drift.
+PRIOR_ROUNDS = 4
 
 
 class Scheduler:
@@ -97,9 +101,16 @@ class CostCurve:
     draft_per_token_s: float  # lm_head + Markov + sampling per drafted position
     meta: dict = field(default_factory=dict)
     decode_threads: int | None = None  # BLAS threads the curve was timed at (None: left as loaded)
+    plain_step_s: float | None = None  # a pipelined plain decode step (None: verify_s[0])
 
     def round_time(self, num_draft: int) -> float:
-        """Predicted seconds for a round verifying `num_draft` drafts (0 = plain decode step)."""
+        """Predicted seconds for a round verifying `num_draft` drafts (0 = plain decode step).
+
+        A plain step is pipelined (the next forward is queued before the token is read, see
+        `SpecDecoder._plain_step`), so it costs less than a lone one-token forward when measured.
+        """
+        if num_draft == 0 and self.plain_step_s is not None:
+            return self.plain_step_s
         i = min(num_draft, len(self.verify_s) - 1)
         draft = self.draft_fixed_s + self.draft_per_token_s * num_draft if num_draft else 0.0
         return self.verify_s[i] + draft
@@ -144,6 +155,7 @@ class AutoScheduler(Scheduler):
         self._survival, self._expected, self._best_rate = 1.0, 1.0, 0.0
         self._skipped, self._probing = 0, False
         self._round_conf: list[float] = []  # c_1, c_2, ... seen this round
+        self._seen = [0] * cap  # outcomes observed per position
 
     def next_is_plain(self) -> bool:
         """Whether the next `wants_draft` will say no, asked during a skipped round (which leaves the
@@ -201,12 +213,18 @@ class AutoScheduler(Scheduler):
         """
         for i in range(min(num_verified, self.cap)):
             hit = 1.0 if i < num_accepted else 0.0
-            self.acceptance[i] += weight * (hit - self.acceptance[i])
+            self._update(i, hit, weight)
             if not hit:
                 return
         i = num_verified
         if i < min(len(self._round_conf), self.cap):
-            self.acceptance[i] += weight * (self._round_conf[i] - self.acceptance[i])
+            self._update(i, self._round_conf[i], weight)
+
+    def _update(self, i: int, value: float, weight: float) -> None:
+        # Running mean with the prior as PRIOR_ROUNDS pseudo-observations, then an EMA of `weight`.
+        step = max(weight, 1.0 / (self._seen[i] + PRIOR_ROUNDS + 1))
+        self._seen[i] += 1
+        self.acceptance[i] += step * (value - self.acceptance[i])
 
     @property
     def expected_cap(self) -> int:

@@ -154,4 +154,5 @@ def curve_dict(curve) -> dict:
             "draft_fixed_ms": round(1000 * curve.draft_fixed_s, 3),
             "draft_per_token_ms": round(1000 * curve.draft_per_token_s, 3),
             "round_time_rel": [round(curve.relative_round_time(k), 4) for k in range(n)],
-            "decode_threads": getattr(curve, "decode_threads", None)}
+            "decode_threads": getattr(curve, "decode_threads", None),
+            "plain_step_ms": round(1000 * curve.round_time(0), 3)}

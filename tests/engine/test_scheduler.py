@@ -6,7 +6,7 @@ import pytest
 
 from engine import costs
 from engine.backend import thread_choices
-from engine.scheduler import PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
+from engine.scheduler import PRIOR_ROUNDS, PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler, expected_tokens
 from tests.engine import tiny
 
 # Verify cost grows with width like BLIS on this CPU: 1, 1.5, 1.7, 1.9, 2.1 x one decode step.
@@ -87,6 +87,7 @@ def test_cost_curve_measured_once_and_cached(tmp_path, monkeypatch):
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["meta"]["model"] == "tiny-model"
     assert curve.decode_threads in ([None] if not thread_choices() else thread_choices())
+    assert curve.plain_step_s > 0 and curve.round_time(0) == curve.plain_step_s
     monkeypatch.setattr(costs, "measure_curve", lambda *a: pytest.fail("measured again"))
     cached = costs.load_or_measure(target, drafter, "tiny-model", "tiny-drafter", 4)
     assert cached.verify_s == curve.verify_s and cached.decode_threads == curve.decode_threads
@@ -128,6 +129,32 @@ def test_performance_model_formula():
     acc = [0.9, 0.8, 0.3, 0.9]
     best = max(range(5), key=lambda k: CURVE.predicted_speedup(acc, k))
     assert CURVE.best_cap(acc, 4)[0] == best
+
+
+def test_estimates_leave_a_poor_prior_within_a_few_rounds():
+    """The first outcomes weigh as a running mean with the prior as PRIOR_ROUNDS pseudo-rounds, then the
+    EMA takes over: a drafter that misses stops being drafted within a handful of rounds."""
+    s = AutoScheduler(4, CURVE, use_confidence=False, prior=0.6)
+    s.observe(num_verified=1, num_accepted=0)
+    assert s.acceptance[0] == pytest.approx(0.6 * PRIOR_ROUNDS / (PRIOR_ROUNDS + 1))
+    assert s.acceptance[1] == 0.6  # not verified: unchanged
+    for _ in range(5):
+        s.observe(num_verified=1, num_accepted=0)
+    assert s.acceptance[0] == pytest.approx(0.6 * PRIOR_ROUNDS / (PRIOR_ROUNDS + 6))
+    assert not s.wants_draft()
+    for _ in range(100):
+        s.observe(num_verified=1, num_accepted=1)
+    before = s.acceptance[0]
+    s.observe(num_verified=1, num_accepted=0)  # long past the prior: the EMA weight
+    assert s.acceptance[0] == pytest.approx(before * 0.95)
+
+
+def test_plain_step_time_is_the_models_decode_step():
+    """With a measured (pipelined) plain step, T(0) is that step: every relative time and speedup uses it."""
+    curve = CostCurve(verify_s=[1.0, 1.5, 1.7], draft_fixed_s=0.1, draft_per_token_s=0.02, plain_step_s=0.8)
+    assert curve.round_time(0) == 0.8 and curve.round_time(1) == pytest.approx(1.5 + 0.12)
+    assert curve.relative_round_time(1) == pytest.approx(1.62 / 0.8)
+    assert curve.predicted_speedup([0.9], 1) == pytest.approx(1.9 / (1.62 / 0.8))
 
 
 def test_flat_verify_curve_is_relative_and_labelled():
