@@ -3,8 +3,8 @@
 State after every round (spec section 6.2), with `committed` = prompt + generated tokens:
     target cache length            == len(committed) - 1   (all but the pending anchor)
     draft context cached + pending == len(committed) - 1
-(each + 1 while a plain step has queued the next token's forward, see `_plain_step`)
     anchor                          == committed[-1]
+(the first two + 1 while a plain step has queued the next token's forward, see `_plain_step`).
 The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
 z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
 """
