@@ -60,8 +60,8 @@ def _verify_line(tv: dict | None) -> list[str]:
     def cells(curve: dict) -> str:
         return ", ".join(f"{w}: {ms:.1f} ms (x{r:.2f})" for w, ms, r in zip(tv["widths"], curve["ms"], curve["relative"]))
 
-    lines = [f"- target verify cost by width (tokens in one forward, context {tv['context']}, "
-             f"{tv.get('threads')} BLAS threads): {cells(tv)}"]
+    threads = f", {tv['threads']} BLAS threads" if tv.get("threads") else ""
+    lines = [f"- target verify cost by width (tokens in one forward, context {tv['context']}{threads}): {cells(tv)}"]
     return lines + [f"- the same at {c['threads']} BLAS thread(s): {cells(c)}" for c in tv.get("other_threads", [])]
 
 
