@@ -37,7 +37,9 @@ async def test_queue_full_is_429_with_retry_after():
 
 async def test_queue_position_visible_in_health_and_keepalives():
     """While queued, /health shows the queue depth and the stream's keep-alives show the position."""
-    engine = FakeEngine(lambda r: Script(rounds=["a"], first_delay_s=0.4))
+    # The first request must still be running when /health is read: 0.4 s was too short once, in a
+    # CI run whose other worker was busy with the SmolLM2 tests.
+    engine = FakeEngine(lambda r: Script(rounds=["a"], first_delay_s=2.0))
     async with _client(create_app(settings(keepalive_s=0.05), engine)) as c:
         running = asyncio.ensure_future(c.post(CHAT, json=chat_body()))
         await wait_until(lambda: len(engine.submitted) == 1)
