@@ -5,7 +5,9 @@ Example (the shipped DSpark drafter of the default model, on the committed held-
     dspark eval-drafter --prompts data/prompts/heldout_docs.jsonl --prompts data/prompts/heldout_chat.jsonl \\
         --speed-prompts 5 --out heldout.json
 
-Per prompt file: greedy tau and acceptance by position at each cap; for a DSpark drafter the ECE of
+Per prompt file: greedy tau and acceptance by position at each cap; the same at the best cap with the
+drafter's target context zeroed (how much of its acceptance comes from reading the target); for a
+DSpark drafter the ECE of
 its confidence head before and after the stored STS temperatures; then the paired end-to-end speed
 of the drafter's mode over baseline mode on the first prompts of the first file.
 """
@@ -71,7 +73,7 @@ def _caps(text: str, drafts: int) -> list[int]:
 
 
 def _measure_set(runtime, prompts: list[list[int]], args) -> dict:
-    from engine.train.heldout_eval import acceptance_by_cap, calibration
+    from engine.train.heldout_eval import acceptance_by_cap, calibration, context_ablation
 
     drafter = runtime.drafter
     stderr_progress(f"greedy rounds on {len(prompts)} prompts x {args.max_tokens} tokens")
@@ -79,10 +81,12 @@ def _measure_set(runtime, prompts: list[list[int]], args) -> dict:
                                _caps(args.caps, drafter.config.max_drafts), stop_ids=runtime.eos_ids)
     best = max(by_cap, key=lambda row: row["tau"])
     out = {"prompts": len(prompts), "by_cap": by_cap, "best_cap": best["cap"], "best_tau": best["tau"]}
+    stderr_progress(f"tau {best['tau']:.3f} at cap {best['cap']}; again with the context zeroed")
+    out["context_ablation"] = context_ablation(runtime.target, drafter, prompts, args.max_tokens, best["cap"],
+                                               stop_ids=runtime.eos_ids, with_context=best)
     if drafter.has_confidence:
         out["calibration"] = calibration(runtime.target, drafter, prompts, args.max_tokens,
                                          stop_ids=runtime.eos_ids)
-    stderr_progress(f"tau {best['tau']:.3f} at cap {best['cap']}")
     return out
 
 

@@ -5,6 +5,9 @@
 * `calibration`: ECE of the confidence head's prefix survival per position, before and after the
   STS temperatures stored in the drafter's config (spec §1.5). Run it on prompts other than those
   STS was fitted on, or the "after" figure is in-sample.
+* `context_ablation`: greedy tau at one cap with the drafter's target context replaced by zeros.
+  A drafter that reads the target's hidden states loses much of its acceptance without them; one
+  that only learned token statistics (a unigram prior, its Markov head's bigrams) loses little.
 * `paired_speed`: end-to-end greedy speed of a speculative runtime over a baseline runtime on the
   same prompts, interleaved per prompt (A B, then B A) so machine drift cancels; the ratio of each
   prompt is its own, and the summary is their median with min and max.
@@ -13,7 +16,10 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import mlx.core as mx
 import numpy as np
 
 from engine.train.evaluate import speculative_rounds
@@ -30,6 +36,40 @@ def acceptance_by_cap(target, drafter, prompts: list[list[int]], max_tokens: int
                     "acceptance_by_position": [round(a, 4) for a in stats.acceptance_by_position],
                     "rounds": stats.rounds, "generated_tokens": stats.generated_tokens})
     return out
+
+
+def context_ablation(target, drafter, prompts: list[list[int]], max_tokens: int, cap: int, *,
+                     stop_ids: frozenset[int] = frozenset(), with_context: dict | None = None) -> dict:
+    """Greedy tau and acceptance at ``cap`` with the real context and with zeroed context taps.
+
+    ``context_gain`` is the difference of the two taus. ``with_context`` may pass the real-context
+    row of `acceptance_by_cap` at this cap, already measured on the same prompts. The verifier
+    still decides every token, so both passes stay lossless; only the drafts change.
+    """
+    real = with_context
+    if real is None:
+        (real,) = acceptance_by_cap(target, drafter, prompts, max_tokens, [cap], stop_ids=stop_ids)
+    with zeroed_context(drafter):
+        (blind,) = acceptance_by_cap(target, drafter, prompts, max_tokens, [cap], stop_ids=stop_ids)
+    return {"cap": real["cap"], "tau": real["tau"], "tau_zero_context": blind["tau"],
+            "context_gain": round(real["tau"] - blind["tau"], 4),
+            "acceptance_by_position": real["acceptance_by_position"],
+            "acceptance_by_position_zero_context": blind["acceptance_by_position"]}
+
+
+@contextmanager
+def zeroed_context(drafter) -> Iterator[None]:
+    """While open, the drafter projects every context tap row as if it were all zeros.
+
+    An instance attribute shadows `Drafter.project_context` (every context path goes through it:
+    the serving cache, the reference forward) and is removed on exit.
+    """
+    real = drafter.project_context
+    object.__setattr__(drafter, "project_context", lambda taps: real(mx.zeros_like(taps)))
+    try:
+        yield
+    finally:
+        object.__delattr__(drafter, "project_context")
 
 
 def calibration(target, drafter, prompts: list[list[int]], max_tokens: int, *,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 
+import mlx.core as mx
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from engine.api import EngineInfo, SpecConfig
 from engine.runtime import Runtime
 from engine.scheduler import Scheduler
-from engine.train.heldout_eval import acceptance_by_cap, calibration, paired_speed
+from engine.train.heldout_eval import acceptance_by_cap, calibration, context_ablation, paired_speed, zeroed_context
 from tests.engine import tiny
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 9, 200, 17]]
@@ -24,6 +25,37 @@ def test_acceptance_by_cap_reports_each_cap_within_its_bounds():
     for row in rows:
         assert 1.0 <= row["tau"] <= row["cap"] + 1
         assert len(row["acceptance_by_position"]) == row["cap"] and row["rounds"] > 0
+
+
+def test_zeroed_context_drafts_as_a_drafter_without_fc_and_is_undone_on_exit():
+    """Inside `zeroed_context` the backbone equals that of a twin whose fc weight is zero (the
+    context rows project to 0); outside, the drafter reads its context again."""
+    drafter, twin = tiny.dspark_drafter(), tiny.dspark_drafter()
+    twin.fc.weight = mx.zeros_like(twin.fc.weight)
+    taps = mx.random.normal((1, 5, drafter.config.num_taps * drafter.config.hidden_size), key=mx.random.key(1))
+    block = mx.array([[7] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
+    real = drafter.reference_forward(taps, block)
+    with zeroed_context(drafter):
+        blind = drafter.reference_forward(taps, block)
+        assert mx.allclose(blind, twin.reference_forward(taps, block), atol=1e-5)
+        assert mx.allclose(drafter.backbone(taps, block, drafter.make_cache()), blind, atol=1e-4)
+    assert not mx.allclose(blind, real, atol=1e-3)
+    assert mx.allclose(drafter.reference_forward(taps, block), real, atol=1e-6)
+
+
+def test_context_ablation_reports_the_zero_context_twin_and_the_gain():
+    """The zero-context pass is the real engine loop with the fc-less twin: same tau, same
+    acceptance; the gain is the difference to the real pass, which is reused when passed in."""
+    target, drafter, twin = tiny.tiny_target(), tiny.dspark_drafter(), tiny.dspark_drafter()
+    twin.fc.weight = mx.zeros_like(twin.fc.weight)
+    report = context_ablation(target, drafter, PROMPTS, 16, 3)
+    (real,) = acceptance_by_cap(target, drafter, PROMPTS, 16, [3])
+    (blind,) = acceptance_by_cap(target, twin, PROMPTS, 16, [3])
+    assert report["tau"] == real["tau"] and report["tau_zero_context"] == blind["tau"]
+    assert report["acceptance_by_position_zero_context"] == blind["acceptance_by_position"]
+    assert report["context_gain"] == pytest.approx(real["tau"] - blind["tau"], abs=1e-4)
+    given = {**real, "tau": 9.0}  # a passed-in real row is used as is, not measured again
+    assert context_ablation(target, drafter, PROMPTS, 16, 3, with_context=given)["tau"] == 9.0
 
 
 def test_calibration_scores_raw_logits_whatever_temperatures_the_drafter_stores():
@@ -79,3 +111,21 @@ def test_cli_registers_eval_drafter():
     assert args.prompts == ["a.jsonl", "b.jsonl"] and args.caps == "1,3" and args.speed_prompts == 5
     args.mode = "baseline"
     assert args.run(args) == 2
+
+
+def test_eval_drafter_set_report_has_caps_calibration_and_the_context_ablation_at_the_best_cap(tokenizer):
+    """One prompt set's report: a row per cap, the best of them, and the zero-context pass at
+    that cap reusing its real-context row."""
+    from argparse import Namespace
+
+    from dspark_cli.eval_drafter import _measure_set
+
+    runtime = _runtime(tokenizer, tiny.tiny_target(), tiny.dspark_drafter())
+    out = _measure_set(runtime, PROMPTS, Namespace(max_tokens=12, caps="1,3"))
+    assert [r["cap"] for r in out["by_cap"]] == [1, 3]
+    best = max(out["by_cap"], key=lambda r: r["tau"])
+    ablation = out["context_ablation"]
+    assert ablation["cap"] == out["best_cap"] == best["cap"] and ablation["tau"] == out["best_tau"]
+    assert 1.0 <= ablation["tau_zero_context"] <= ablation["cap"] + 1
+    assert len(ablation["acceptance_by_position_zero_context"]) == ablation["cap"]
+    assert out["calibration"]["rounds"] > 0
