@@ -6,12 +6,18 @@
   round verifies all drafts it can), returning `SpecStats` (tau = mean accepted length per round,
   conditional acceptance per position) and, for DSpark, the confidence logits of every verified
   draft with the accepted count of its round: the data of STS (spec §1.5, §5.3).
+* `zeroed_context`: while open, the drafter sees every context tap row as zeros. Either
+  evaluation then measures what the drafter predicts from tokens alone; the difference to the
+  normal run is what it takes from the target's hidden states.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import mlx.core as mx
 import numpy as np
 
 from engine.api import SpecStats
@@ -102,3 +108,18 @@ def heldout_estimate(trainer, samples: list[Sample], features: FeatureSource, an
     out = {k: v / len(usable) for k, v in sums.items()}
     return {**out, "acceptance_by_position": per_pos, "tau_estimate": tau, "greedy_acceptance_by_position": greedy_pos,
             "greedy_tau_estimate": greedy_tau, "num_samples": len(usable)}
+
+
+@contextmanager
+def zeroed_context(drafter) -> Iterator[None]:
+    """While open, the drafter projects every context tap row as if it were all zeros.
+
+    An instance attribute shadows `Drafter.project_context` (every context path goes through it:
+    the serving cache, the reference forward, the training forward) and is removed on exit.
+    """
+    real = drafter.project_context
+    object.__setattr__(drafter, "project_context", lambda taps: real(mx.zeros_like(taps)))
+    try:
+        yield
+    finally:
+        object.__delattr__(drafter, "project_context")

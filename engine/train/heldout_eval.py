@@ -16,13 +16,10 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import mlx.core as mx
 import numpy as np
 
-from engine.train.evaluate import speculative_rounds
+from engine.train.evaluate import speculative_rounds, zeroed_context
 from engine.train.sts import Rounds, ece_by_position
 
 
@@ -55,21 +52,6 @@ def context_ablation(target, drafter, prompts: list[list[int]], max_tokens: int,
             "context_gain": round(real["tau"] - blind["tau"], 4),
             "acceptance_by_position": real["acceptance_by_position"],
             "acceptance_by_position_zero_context": blind["acceptance_by_position"]}
-
-
-@contextmanager
-def zeroed_context(drafter) -> Iterator[None]:
-    """While open, the drafter projects every context tap row as if it were all zeros.
-
-    An instance attribute shadows `Drafter.project_context` (every context path goes through it:
-    the serving cache, the reference forward) and is removed on exit.
-    """
-    real = drafter.project_context
-    object.__setattr__(drafter, "project_context", lambda taps: real(mx.zeros_like(taps)))
-    try:
-        yield
-    finally:
-        object.__delattr__(drafter, "project_context")
 
 
 def calibration(target, drafter, prompts: list[list[int]], max_tokens: int, *,

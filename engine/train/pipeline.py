@@ -29,7 +29,7 @@ from engine.train import precondition
 from engine.train.batch import valid_anchors
 from engine.train.checkpoint import latest_checkpoint
 from engine.train.config import TrainConfig, default_mask_token_id, make_drafter_config
-from engine.train.evaluate import heldout_estimate, speculative_rounds
+from engine.train.evaluate import heldout_estimate, speculative_rounds, zeroed_context
 from engine.train.features import FeatureSource
 from engine.train.generate import generate_continuations
 from engine.train.loop import Trainer
@@ -224,7 +224,12 @@ def _evaluate(cfg: TrainConfig, trainer: Trainer, target: Target, model, held: l
     out: dict = {}
     if held:
         bar.message(f"held-out estimate on {len(held)} samples")
-        out["estimate"] = heldout_estimate(trainer, held, FeatureSource(target, held), cfg.anchors, cfg.seed)
+        features = FeatureSource(target, held)
+        out["estimate"] = heldout_estimate(trainer, held, features, cfg.anchors, cfg.seed)
+        if out["estimate"]:
+            out["estimate"].update(_zero_context_estimate(cfg, trainer, held, features))
+            bar.message("held-out greedy tau estimate {greedy_tau_estimate:.3f}, context zeroed "
+                        "{greedy_tau_estimate_zero_context:.3f}".format(**out["estimate"]))
     if not prompts:
         return out
     bar.message(f"held-out greedy rounds on {len(prompts)} prompts x {cfg.eval_max_tokens} tokens")
@@ -236,6 +241,14 @@ def _evaluate(cfg: TrainConfig, trainer: Trainer, target: Target, model, held: l
     if trainer.drafter.has_confidence:
         out["sts"] = _calibrate(cfg, target, model, prompts, rounds, stop_ids, bar)
     return out
+
+
+def _zero_context_estimate(cfg: TrainConfig, trainer: Trainer, held: list[D.Sample], features: FeatureSource) -> dict:
+    # The same anchors with the context zeroed: how much of the estimate the target's taps carry.
+    with zeroed_context(trainer.drafter):
+        blind = heldout_estimate(trainer, held, features, cfg.anchors, cfg.seed)
+    return {"greedy_tau_estimate_zero_context": blind["greedy_tau_estimate"],
+            "greedy_acceptance_by_position_zero_context": blind["greedy_acceptance_by_position"]}
 
 
 def _calibrate(cfg: TrainConfig, target: Target, model, prompts: list[list[int]], rounds: list,

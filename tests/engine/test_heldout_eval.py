@@ -5,13 +5,17 @@ from __future__ import annotations
 import statistics
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from engine.api import EngineInfo, SpecConfig
 from engine.runtime import Runtime
 from engine.scheduler import Scheduler
-from engine.train.heldout_eval import acceptance_by_cap, calibration, context_ablation, paired_speed, zeroed_context
+from engine.train.batch import attention_mask
+from engine.train.evaluate import zeroed_context
+from engine.train.forward import train_backbone
+from engine.train.heldout_eval import acceptance_by_cap, calibration, context_ablation, paired_speed
 from tests.engine import tiny
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 9, 200, 17]]
@@ -28,8 +32,8 @@ def test_acceptance_by_cap_reports_each_cap_within_its_bounds():
 
 
 def test_zeroed_context_drafts_as_a_drafter_without_fc_and_is_undone_on_exit():
-    """Inside `zeroed_context` the backbone equals that of a twin whose fc weight is zero (the
-    context rows project to 0); outside, the drafter reads its context again."""
+    """Inside `zeroed_context` the serving, reference and training forwards equal a twin whose fc
+    weight is zero (the context rows project to 0); outside, the drafter reads its context again."""
     drafter, twin = tiny.dspark_drafter(), tiny.dspark_drafter()
     twin.fc.weight = mx.zeros_like(twin.fc.weight)
     taps = mx.random.normal((1, 5, drafter.config.num_taps * drafter.config.hidden_size), key=mx.random.key(1))
@@ -39,6 +43,10 @@ def test_zeroed_context_drafts_as_a_drafter_without_fc_and_is_undone_on_exit():
         blind = drafter.reference_forward(taps, block)
         assert mx.allclose(blind, twin.reference_forward(taps, block), atol=1e-5)
         assert mx.allclose(drafter.backbone(taps, block, drafter.make_cache()), blind, atol=1e-4)
+        width = taps.shape[1]
+        trained = train_backbone(drafter, mx.concatenate([taps, mx.ones_like(taps[:, :2])], axis=1), block,
+                                 mx.array([width]), mx.array(attention_mask(np.array([[width]]), width + 2, block.shape[1])))
+        assert mx.allclose(trained, blind, atol=1e-4)  # the training forward is zeroed too
     assert not mx.allclose(blind, real, atol=1e-3)
     assert mx.allclose(drafter.reference_forward(taps, block), real, atol=1e-6)
 

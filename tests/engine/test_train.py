@@ -439,6 +439,9 @@ def test_pipeline_trains_saves_evaluates_and_calibrates(tmp_path):
     saved = json.loads((cfg.out / "training.json").read_text())
     assert saved["train"]["steps"] == 12 and len(saved["history"]) == 2 and saved["train"]["tap_scale"] == "rms"
     assert {"estimate", "greedy", "sts"} <= set(saved["heldout"]) and saved["heldout"]["greedy"]["rounds"] > 0
+    estimate = saved["heldout"]["estimate"]
+    assert 1.0 <= estimate["greedy_tau_estimate_zero_context"] <= 1.0 + dcfg.max_drafts
+    assert len(estimate["greedy_acceptance_by_position_zero_context"]) == dcfg.max_drafts
     assert report["data"]["heldout_samples"] == 2 and list((cfg.out / "features").glob("chunk_*.safetensors"))
     with pytest.raises(OutputDirError):
         run_with_model(cfg, data, tiny.tiny_target_model(0), ByteTokenizer(), "tiny", bar=_quiet(12))
