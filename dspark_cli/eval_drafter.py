@@ -5,11 +5,11 @@ Example (the shipped DSpark drafter of the default model, on the committed held-
     dspark eval-drafter --prompts data/prompts/heldout_docs.jsonl --prompts data/prompts/heldout_chat.jsonl \\
         --speed-prompts 5 --out heldout.json
 
-Per prompt file: greedy tau and acceptance by position at each cap; the same at the best cap with the
-drafter's target context zeroed (how much of its acceptance comes from reading the target); for a
-DSpark drafter the ECE of
-its confidence head before and after the stored STS temperatures; then the paired end-to-end speed
-of the drafter's mode over baseline mode on the first prompts of the first file.
+Per prompt file: greedy tau and acceptance by position at each cap; the same at the best cap with
+the drafter's target context replaced by zero rows (how much of its acceptance comes from reading
+the target); for a DSpark drafter the ECE of its confidence head before and after the stored STS
+temperatures; then the paired end-to-end speed of the drafter's mode over baseline mode on the
+first prompts of the first file.
 """
 
 from __future__ import annotations

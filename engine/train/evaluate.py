@@ -7,8 +7,8 @@
   conditional acceptance per position) and, for DSpark, the confidence logits of every verified
   draft with the accepted count of its round: the data of STS (spec §1.5, §5.3).
 * `zeroed_context`: while open, the drafter sees every context tap row as zeros. Either
-  evaluation then measures what the drafter predicts from tokens alone; the difference to the
-  normal run is what it takes from the target's hidden states.
+  evaluation then measures the drafter on a blank context; the difference to the normal run is
+  what it takes from the target's hidden states.
 """
 
 from __future__ import annotations
@@ -115,11 +115,17 @@ def zeroed_context(drafter) -> Iterator[None]:
     """While open, the drafter projects every context tap row as if it were all zeros.
 
     An instance attribute shadows `Drafter.project_context` (every context path goes through it:
-    the serving cache, the reference forward, the training forward) and is removed on exit.
+    the serving cache, the reference forward, the training forward); on exit the previous state
+    comes back, so blocks nest. Zero rows are not absent rows: they still take attention weight
+    (keys and values of 0), so this measures the drafter on a blank context, not on none.
     """
+    before = vars(drafter).get("project_context")
     real = drafter.project_context
     object.__setattr__(drafter, "project_context", lambda taps: real(mx.zeros_like(taps)))
     try:
         yield
     finally:
-        object.__delattr__(drafter, "project_context")
+        if before is None:
+            object.__delattr__(drafter, "project_context")
+        else:
+            object.__setattr__(drafter, "project_context", before)

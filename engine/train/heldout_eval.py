@@ -5,9 +5,9 @@
 * `calibration`: ECE of the confidence head's prefix survival per position, before and after the
   STS temperatures stored in the drafter's config (spec §1.5). Run it on prompts other than those
   STS was fitted on, or the "after" figure is in-sample.
-* `context_ablation`: greedy tau at one cap with the drafter's target context replaced by zeros.
-  A drafter that reads the target's hidden states loses much of its acceptance without them; one
-  that only learned token statistics (a unigram prior, its Markov head's bigrams) loses little.
+* `context_ablation`: greedy tau at one cap with the drafter's target context replaced by zero rows.
+  A drafter that reads the target's hidden states loses much of its acceptance on a blank context;
+  one that mostly learned token statistics loses little.
 * `paired_speed`: end-to-end greedy speed of a speculative runtime over a baseline runtime on the
   same prompts, interleaved per prompt (A B, then B A) so machine drift cancels; the ratio of each
   prompt is its own, and the summary is their median with min and max.
@@ -44,6 +44,8 @@ def context_ablation(target, drafter, prompts: list[list[int]], max_tokens: int,
     still decides every token, so both passes stay lossless; only the drafts change.
     """
     real = with_context
+    if real is not None and real["cap"] != min(cap, drafter.config.max_drafts):
+        raise ValueError(f"with_context was measured at cap {real['cap']}, not {cap}")
     if real is None:
         (real,) = acceptance_by_cap(target, drafter, prompts, max_tokens, [cap], stop_ids=stop_ids)
     with zeroed_context(drafter):

@@ -51,12 +51,14 @@ def test_zeroed_context_drafts_as_a_drafter_without_fc_and_is_undone_on_exit():
     assert mx.allclose(drafter.reference_forward(taps, block), real, atol=1e-6)
 
 
-def test_context_ablation_reports_the_zero_context_twin_and_the_gain():
-    """The zero-context pass is the real engine loop with the fc-less twin: same tau, same
-    acceptance; the gain is the difference to the real pass, which is reused when passed in."""
+def test_context_ablation_reports_the_zero_context_twin_and_the_gain(context_spy):
+    """The real pass reads the taps, then the blind pass sees only zero rows, through the real
+    engine loop: its tau and acceptance are those of the fc-less twin, and the gain their
+    difference. A real row passed in is reused, and must be for the same cap."""
     target, drafter, twin = tiny.tiny_target(), tiny.dspark_drafter(), tiny.dspark_drafter()
-    twin.fc.weight = mx.zeros_like(twin.fc.weight)
     report = context_ablation(target, drafter, PROMPTS, 16, 3)
+    assert False in context_spy and True in context_spy and context_spy == sorted(context_spy)
+    twin.fc.weight = mx.zeros_like(twin.fc.weight)
     (real,) = acceptance_by_cap(target, drafter, PROMPTS, 16, [3])
     (blind,) = acceptance_by_cap(target, twin, PROMPTS, 16, [3])
     assert report["tau"] == real["tau"] and report["tau_zero_context"] == blind["tau"]
@@ -64,6 +66,23 @@ def test_context_ablation_reports_the_zero_context_twin_and_the_gain():
     assert report["context_gain"] == pytest.approx(real["tau"] - blind["tau"], abs=1e-4)
     given = {**real, "tau": 9.0}  # a passed-in real row is used as is, not measured again
     assert context_ablation(target, drafter, PROMPTS, 16, 3, with_context=given)["tau"] == 9.0
+    with pytest.raises(ValueError, match="cap 3, not 2"):
+        context_ablation(target, drafter, PROMPTS, 16, 2, with_context=given)
+
+
+def test_zeroed_context_nests_and_is_undone_after_an_error(context_spy):
+    """An inner block leaves the outer one zeroed; an exception still restores the real path."""
+    drafter = tiny.dspark_drafter()
+    taps = mx.ones((1, 3, drafter.config.num_taps * drafter.config.hidden_size))
+    with zeroed_context(drafter):
+        with zeroed_context(drafter):
+            drafter.project_context(taps)
+        drafter.project_context(taps)
+    with pytest.raises(RuntimeError), zeroed_context(drafter):
+        raise RuntimeError("boom")
+    drafter.project_context(taps)
+    assert context_spy == [True, True, False]
+    assert "project_context" not in vars(drafter)
 
 
 def test_calibration_scores_raw_logits_whatever_temperatures_the_drafter_stores():
@@ -121,7 +140,7 @@ def test_cli_registers_eval_drafter():
     assert args.run(args) == 2
 
 
-def test_eval_drafter_set_report_has_caps_calibration_and_the_context_ablation_at_the_best_cap(tokenizer):
+def test_eval_drafter_set_report_has_caps_calibration_and_the_context_ablation_at_the_best_cap(tokenizer, context_spy):
     """One prompt set's report: a row per cap, the best of them, and the zero-context pass at
     that cap reusing its real-context row."""
     from argparse import Namespace
@@ -136,4 +155,5 @@ def test_eval_drafter_set_report_has_caps_calibration_and_the_context_ablation_a
     assert ablation["cap"] == out["best_cap"] == best["cap"] and ablation["tau"] == out["best_tau"]
     assert 1.0 <= ablation["tau_zero_context"] <= ablation["cap"] + 1
     assert len(ablation["acceptance_by_position_zero_context"]) == ablation["cap"]
+    assert True in context_spy  # the ablation pass really ran on zero rows
     assert out["calibration"]["rounds"] > 0

@@ -426,7 +426,7 @@ def _write_text(path: Path) -> Path:
     return path
 
 
-def test_pipeline_trains_saves_evaluates_and_calibrates(tmp_path):
+def test_pipeline_trains_saves_evaluates_and_calibrates(tmp_path, context_spy):
     """The whole run on text writes a loadable drafter with STS temperatures and a training.json."""
     data = DataConfig(text=(str(_write_text(tmp_path / "corpus.txt")),), heldout=2, num_eval_prompts=2)
     cfg = _config(tmp_path / "run", steps=12, checkpoint_every=6, log_every=6, seq_len=96, eval_max_tokens=12)
@@ -442,6 +442,7 @@ def test_pipeline_trains_saves_evaluates_and_calibrates(tmp_path):
     estimate = saved["heldout"]["estimate"]
     assert 1.0 <= estimate["greedy_tau_estimate_zero_context"] <= 1.0 + dcfg.max_drafts
     assert len(estimate["greedy_acceptance_by_position_zero_context"]) == dcfg.max_drafts
+    assert True in context_spy and False in context_spy  # the zero-context estimate ran on zero rows
     assert report["data"]["heldout_samples"] == 2 and list((cfg.out / "features").glob("chunk_*.safetensors"))
     with pytest.raises(OutputDirError):
         run_with_model(cfg, data, tiny.tiny_target_model(0), ByteTokenizer(), "tiny", bar=_quiet(12))
