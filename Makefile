@@ -2,7 +2,7 @@
 VENV ?= .venv
 ARGS ?=
 
-.PHONY: bootstrap serve test doctor
+.PHONY: bootstrap serve test doctor contract
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -15,3 +15,11 @@ test: bootstrap
 
 doctor: bootstrap
 	$(VENV)/bin/dspark doctor
+
+# The API contract with larger Schemathesis budgets than `make test` (tests/server/test_contract.py):
+# about 10x the cases over the fake engine and 4x against `dspark serve` on the default model.
+CONTRACT_EXAMPLES ?= 1000
+CONTRACT_REAL_EXAMPLES ?= 60
+contract: bootstrap
+	HF_HUB_OFFLINE=1 DSPARK_CONTRACT_EXAMPLES=$(CONTRACT_EXAMPLES) DSPARK_CONTRACT_REAL_EXAMPLES=$(CONTRACT_REAL_EXAMPLES) \
+		$(VENV)/bin/python -m pytest -q -n 0 tests/server/test_contract.py $(ARGS)

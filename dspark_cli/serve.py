@@ -15,13 +15,15 @@ _SERVER_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--port", "port", "TCP port (default: 8000)"),
     ("--api-key", "api_key", "require 'Authorization: Bearer KEY' on every route but /health"),
     ("--allowed-origins", "allowed_origins", "comma-separated CORS origins (default: none, CORS off)"),
+    ("--allowed-hosts", "allowed_hosts", "comma-separated Host names answered besides localhost, 127.0.0.1 and [::1] "
+                                         "(DNS-rebinding guard: on when bound to loopback or when given; '*': off)"),
     ("--max-queue", "max_queue", "requests allowed to wait behind the running one; more get 429 (default: 16)"),
     ("--keepalive", "keepalive_s", "seconds of stream silence before an SSE keep-alive comment (default: 15)"),
     ("--max-body-bytes", "max_body_bytes", "largest request body accepted, else 413 (default: 8388608)"),
     ("--drain-grace", "drain_grace_s", "seconds in-flight requests may still run after SIGTERM (default: 30)"),
 )
-_METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "max_queue": "N",
-             "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS"}
+_METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "allowed_hosts": "HOSTS",
+             "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS"}
 _SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization")
 
 
@@ -33,6 +35,9 @@ def add_parser(sub) -> None:
     for flag, field, text in _SERVER_FLAGS:
         p.add_argument(flag, dest=field, default=None, metavar=_METAVARS[field],
                        help=f"{text} [env {ENV_PREFIX}{field.upper()}]")
+    p.add_argument("--strict-params", dest="strict_params", action="store_true", default=None,
+                   help="refuse request fields the server ignores, as OpenAI does (default: ignore and report "
+                        f"them) [env {ENV_PREFIX}STRICT_PARAMS]")
     p.set_defaults(run=run)
 
 
@@ -40,7 +45,7 @@ def settings_from_args(args: argparse.Namespace):
     """ServerSettings from the flags given (spec flags already fell back to the environment)."""
     from server.settings import ServerSettings
 
-    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS)
+    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS) + ("strict_params",)
     return ServerSettings(**{f: getattr(args, f) for f in fields if getattr(args, f, None) is not None})
 
 

@@ -54,7 +54,8 @@ def add_parser(sub) -> None:
     d.add_argument("--layers", type=int, default=2, help="draft decoder layers")
     d.add_argument("--block-size", type=int, default=7, help="drafts per round (zlab stores one extra slot)")
     d.add_argument("--markov-rank", type=int, default=64, help="Markov head rank r (dspark)")
-    d.add_argument("--markov-head", choices=["vanilla", "gated"], default="vanilla")
+    d.add_argument("--markov-head", choices=["vanilla", "gated"], default="vanilla",
+                   help="Markov head type (dspark); rnn heads are not supported")
     d.add_argument("--taps", type=_int_list, default=None, help="target layers to tap, e.g. 1,14,27")
     d.add_argument("--num-taps", type=int, default=3, help="taps spread over the target when --taps is not given")
     d.add_argument("--mask-token-id", type=int, default=None, help="default: an unused special token")

@@ -36,6 +36,11 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
     seed: int | None = None  # None: the engine draws a fresh seed per request
     sampler: SamplerName | None = None  # None: the engine's configured default
+    # Logit processors on the raw target logits, before temperature (see engine/processors.py).
+    presence_penalty: float = 0.0  # minus this once for every token already generated
+    frequency_penalty: float = 0.0  # minus this times the token's count in the generated text
+    repetition_penalty: float = 1.0  # > 0; tokens of prompt + output: logit / r if > 0 else * r
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), bias clamped to [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings; the matched string is not emitted
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS ids
+    logprobs: int | None = None  # None: off; 0..20: each token's logprob and that many top alternatives
 
 
 @dataclass(frozen=True)
@@ -155,11 +161,29 @@ class SpecStats:
 
 
 @dataclass
+class TokenLogprob:
+    """Log-probability of one generated token, with the most likely alternatives at its position.
+
+    Values are the target model's RAW log-softmax at that position: before logit bias, penalties,
+    temperature and top-k/top-p/min-p (vLLM's and OpenAI's default). They come from the target's
+    own forward, never from the drafter, so speculative and baseline decoding report the same.
+    `token` is the id's text decoded alone (special tokens kept).
+    """
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]]  # (id, token text, logprob), most likely first
+
+
+@dataclass
 class TokenEvent:
     """Tokens committed in one round and the text they released (may be empty: held back)."""
 
     token_ids: list[int]
     text: str
+    # With GenerationRequest.logprobs: one entry per visible token (the ending EOS/stop id has none).
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

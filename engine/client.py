@@ -20,6 +20,7 @@ from engine.api import (
 from engine.worker import EngineWorker, Job
 
 _ids = itertools.count()
+MAX_LOGPROBS = 20  # OpenAI's limit on top alternatives per token
 
 
 @dataclass(eq=False)
@@ -99,6 +100,17 @@ class EngineClient:
         except (ValueError, TypeError) as exc:
             raise EngineInputError(f"could not tokenize the prompt: {exc}", param="prompt") from exc
 
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, special tokens included (for reading a rendered prompt's end)."""
+        return self._tokenizer().decode(list(ids), skip_special_tokens=False)
+
+    def chat_template(self) -> str | None:
+        """The chat template's source text (None if the tokenizer has none), to choose output parsers."""
+        template = getattr(self._tokenizer(), "chat_template", None)
+        if isinstance(template, dict):  # several named templates: the default one is used
+            template = template.get("default") or next(iter(template.values()), None)
+        return template if isinstance(template, str) else None
+
     # ------------------------------------------------------------------ requests
 
     def queue_depth(self) -> int:
@@ -127,12 +139,24 @@ class EngineClient:
             raise EngineInputError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if request.max_tokens < 1:
             raise EngineInputError("max_tokens must be at least 1", param="max_tokens")
+        self._validate_processing(request, vocab)
         limit = self.info().context_length
         if len(request.prompt_ids) + request.max_tokens > limit:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{len(request.prompt_ids) + request.max_tokens} tokens ({len(request.prompt_ids)} in the "
                 f"messages, {request.max_tokens} in the completion).", param="messages")
+
+    @staticmethod
+    def _validate_processing(request: GenerationRequest, vocab: int) -> None:
+        """Logit bias ids in the vocabulary, a positive repetition penalty, logprobs in 0..20."""
+        s = request.sampling
+        if vocab and any(not 0 <= int(t) < vocab for t, _ in s.logit_bias):
+            raise EngineInputError(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+        if not s.repetition_penalty > 0:
+            raise EngineInputError("repetition_penalty must be greater than 0", param="repetition_penalty")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
+            raise EngineInputError(f"logprobs must be between 0 and {MAX_LOGPROBS}", param="logprobs")
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Validate and enqueue; raises EngineError subclasses synchronously."""

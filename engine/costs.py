@@ -20,6 +20,7 @@ import mlx.core as mx
 from engine.backend import STATE as BLAS
 from engine.backend import blas_threads, thread_choices
 from engine.loading.default_model import cache_root
+from engine.models.drafter import draft_logits
 from engine.scheduler import CostCurve
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def _draft_timer(drafter):
         h = drafter.draft_hidden(drafter.backbone(None, block, dcache))[0]  # [drafts, d]
         rows, prev = drafter.base_logits(h[:num]), 1  # [num, V]
         for k in range(num):
-            row = rows[k] + drafter.markov_bias(mx.array([prev]))[0] if drafter.has_markov else rows[k]
+            row = draft_logits(drafter, h[k : k + 1], mx.array([prev]), rows[k : k + 1])[0]  # [V], as served
             prev = mx.argmax(row).item()
         return time.perf_counter() - t0
 

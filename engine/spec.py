@@ -7,6 +7,9 @@ State after every round (spec section 6.2), with `committed` = prompt + generate
 (the first two + 1 while a plain step has queued the next token's forward, see `_plain_step`).
 The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
 z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
+
+Logit processors (penalties, logit bias; `engine/processors.py`) act on every row a distribution
+is formed from, each with the history plain decoding would have at that row's position.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import mlx.core as mx
 
 from engine import sampling
 from engine.api import SpecStats
+from engine.models.drafter import draft_logits
 from engine.models.target import Target, cache_length, trim_cache
+from engine.processors import LogitProcessor, ProcessorSettings
 from engine.scheduler import Scheduler
 
 PREFILL_CHUNK = 512
@@ -35,6 +40,8 @@ class DecodeOptions:
     sampler: str  # "rejection" | "seed-stable" (ignored when greedy)
     seed: int
     stop_ids: frozenset[int]
+    processors: ProcessorSettings = ProcessorSettings()  # penalties and logit bias (default: off)
+    logprobs: int | None = None  # None: off; n: raw target logprob of each committed token + top n
 
 
 class SpecDecoder:
@@ -46,8 +53,13 @@ class SpecDecoder:
         self.target_cache = target.make_cache()
         self.draft_cache = drafter.make_cache() if drafter is not None else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
-        self._ahead: mx.array | None = None  # the next plain step's token, its forward queued
+        # The next plain step's (lazy token, raw logits row [V]), its forward queued.
+        self._ahead: tuple[mx.array, mx.array] | None = None
         self.done = False
+        vocab = target.vocab_size if opts.processors.active else 0  # no arrays when off
+        self.processor = LogitProcessor(opts.processors, vocab)
+        # Per token committed by the last prefill/step: (raw logprob, [(id, logprob)] top n); None: off.
+        self.last_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
     def committed_view(self) -> list[int]:
         """The live committed token list (prompt + generated); do not modify."""
@@ -68,9 +80,12 @@ class SpecDecoder:
                 taps.append(chunk_taps)
         self.ctx_pending = mx.concatenate(taps, axis=1) if taps else None
         self.committed[:] = prompt_ids
+        self.processor.add_prompt(prompt_ids)
         token = self._sample_target(last, position=len(prompt_ids))
+        new = self._commit([token])
+        self.last_logprobs = self._logprobs(last[None], new)
         self.stats.time_prefill_s += time.perf_counter() - t0
-        return self._commit([token])
+        return new
 
     # ------------------------------------------------------------------ rounds
 
@@ -88,6 +103,7 @@ class SpecDecoder:
         num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
         t3 = time.perf_counter()
         new = self._commit(draft_ids[:num_accepted] + [token])
+        self.last_logprobs = self._logprobs(logits, new)  # row i of the verify pass scored new[i]
         self._roll_back(len(draft_ids), num_accepted, taps)
         self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
@@ -99,28 +115,34 @@ class SpecDecoder:
         forward is queued from the still-lazy token before this token is read, so building that
         graph, detokenizing and streaming overlap this forward. The forwards and draws are those of
         reading each token first; a stop leaves the queued forward unused (the decoder is dropped).
+        The queued row's processors see the current token as history while it is still lazy.
         """
         t0 = time.perf_counter()
         n = len(self.committed)
-        current = self._ahead if self._ahead is not None else self._launch(mx.array([[self.committed[-1]]]), n)
-        self._ahead = self._launch(current.reshape(1, 1), n + 1) if queue_next else None
+        current, row = self._ahead or self._launch(mx.array([[self.committed[-1]]]), n)
+        self._ahead = self._launch(current.reshape(1, 1), n + 1, pending=current.reshape(1)) if queue_next else None
         token = current.item()
         t1 = time.perf_counter()
         new = self._commit([token])
+        self.last_logprobs = self._logprobs(row[None], new)
         self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
         return new
 
-    def _launch(self, ids: mx.array, position: int) -> mx.array:
-        """Queue the target forward of ids [1, 1] and the draw for `position` after it; the lazy token.
-        In a speculative mode the forward's taps [1, 1, m*d] join the drafter's pending context."""
+    def _launch(self, ids: mx.array, position: int, pending: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        """Queue the target forward of ids [1, 1] and the draw for `position` after it.
+
+        Returns (lazy token, raw logits row [V]). `pending` [1] is a generated token not committed
+        yet (lazy), part of the processors' history. In a speculative mode the forward's taps
+        [1, 1, m*d] join the drafter's pending context."""
         logits, taps = self.target.forward(ids, self.target_cache)  # [1, 1, V]
-        token = self._target_token(logits[0, -1], position)
+        row = logits[0, -1]  # [V]
+        token = self._target_token(row, position, pending)
         if self.drafter is None:
             mx.async_eval(token)
-            return token
+            return token, row
         self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
         mx.async_eval(token, taps)
-        return token
+        return token, row
 
     def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
         """Sample up to `limit` drafts sequentially (Markov bias uses the *sampled* previous token)."""
@@ -139,9 +161,12 @@ class SpecDecoder:
         for k in range(1, cap + 1):
             if not self.scheduler.admit(k, self._confidence(h, k, prev) if lazy else None):
                 break
-            row = self.drafter.base_logits(h[k - 1]) if lazy else base[k - 1]  # [V]
-            if self.drafter.has_markov:
-                row = row + self.drafter.markov_bias(mx.array([prev]))[0]
+            # Lazy: this row's lm_head runs only now that it is admitted. The Markov bias needs the
+            # sampled x_{k-1} (and h_k for gated heads), so it is added row by row in either path.
+            row = draft_logits(self.drafter, h[k - 1 : k], mx.array([prev]),
+                               None if lazy else base[k - 1 : k])[0]  # [V]
+            # Processed before sampling, so logq is exactly the q this draft is drawn from.
+            row = self.processor.apply(row, ids)  # history: committed + drafts[:k-1]
             prev, logq = self._sample_draft(row, position=p + k)
             ids.append(prev)
             logq_rows.append(logq)
@@ -167,9 +192,10 @@ class SpecDecoder:
 
     def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
         s, p = self.opts.settings, len(self.committed) - 1
+        x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]
         if s.greedy:
-            return sampling.greedy_accept(draft_ids, logits)
-        logp = sampling.process_logits(logits, s)  # [l+1, V]
+            return sampling.greedy_accept(draft_ids, x)
+        logp = sampling.process_logits(x, s)  # [l+1, V]
         if self.opts.sampler == "seed-stable":
             return sampling.seed_stable_accept(draft_ids, logp, self.opts.seed, p + 1)
         key = sampling.mix_key(self.opts.seed, _STREAM_ACCEPT, p)
@@ -186,12 +212,15 @@ class SpecDecoder:
         """Plain target sample for `position` (prefill's first token and baseline mode)."""
         return self._target_token(logits, position).item()
 
-    def _target_token(self, logits: mx.array, position: int) -> mx.array:
-        """`_sample_target` as a lazy scalar array: the same draw, not yet evaluated."""
+    def _target_token(self, logits: mx.array, position: int, pending: mx.array | None = None) -> mx.array:
+        """`_sample_target` as a lazy scalar array: the same draw, not yet evaluated.
+
+        logits [V]; the processors' history is the committed tokens plus `pending` [1] if given."""
         s = self.opts.settings
+        x = self.processor.apply(logits, pending)  # [V]
         if s.greedy:
-            return mx.argmax(logits)
-        logp = sampling.process_logits(logits, s)
+            return mx.argmax(x)
+        logp = sampling.process_logits(x, s)
         if self.opts.sampler == "seed-stable":
             return sampling.seed_stable_token(logp, self.opts.seed, position)
         return sampling.categorical_token(logp, sampling.mix_key(self.opts.seed, _STREAM_TARGET, position))
@@ -212,8 +241,19 @@ class SpecDecoder:
                 self.done = True
                 break
         self.committed.extend(tokens)
+        self.processor.commit(tokens)  # only committed tokens: rolled-back drafts never count
         self.stats.generated_tokens += len(tokens)
         return tokens
+
+    def _logprobs(self, rows: mx.array, tokens: list[int]) -> list[tuple[float, list[tuple[int, float]]]] | None:
+        """Raw target logprobs of the committed `tokens`, row i of rows [>= m, V] scoring tokens[i].
+
+        Always the target's rows (never the drafter's), before processors: for a recovered token
+        this is the target's log p(token), not the residual. None (nothing computed) when off.
+        """
+        if self.opts.logprobs is None:
+            return None
+        return sampling.token_logprobs(rows[: len(tokens)], tokens, self.opts.logprobs)
 
     def _record(self, num_draft: int, num_accepted: int, num_new: int, times: tuple[float, ...]) -> None:
         # times: (draft, verify, accept rule, other = commit + cache roll-back)

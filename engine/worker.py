@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from engine.api import (
     EngineCancelled, EngineConfig, EngineDead, EngineError, Event, Failed, Finished, GenerationRequest, SamplingParams,
-    SpecStats, TokenEvent, Usage,
+    SpecStats, TokenEvent, TokenLogprob, Usage,
 )
 from engine.backend import blas_threads
+from engine.processors import ProcessorSettings
 from engine.sampling import SamplerSettings
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.text import IncrementalDetokenizer, StopMatcher
@@ -126,7 +127,11 @@ def _options(runtime, request: GenerationRequest) -> DecodeOptions:
     settings = SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
     seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little")
     stop_ids = runtime.eos_ids | frozenset(request.stop_token_ids)
-    return DecodeOptions(settings=settings, sampler=s.sampler or runtime.spec.sampler, seed=seed, stop_ids=stop_ids)
+    # The prompt's part of the processors' history is added by the decoder's prefill.
+    processors = ProcessorSettings(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                                   repetition_penalty=s.repetition_penalty, logit_bias=tuple(s.logit_bias))
+    return DecodeOptions(settings=settings, sampler=s.sampler or runtime.spec.sampler, seed=seed, stop_ids=stop_ids,
+                         processors=processors, logprobs=request.logprobs)
 
 
 def run_request(runtime, request: GenerationRequest, cancelled: threading.Event, emit=None):
@@ -145,9 +150,10 @@ def run_request(runtime, request: GenerationRequest, cancelled: threading.Event,
     with blas_threads(runtime.decode_threads):  # a few rows per product: the measured decode count
         while True:
             total += tokens
-            text, stopped = stops.push(detok.add(_visible(tokens, decoder, runtime)))
+            visible = _visible(tokens, decoder, runtime)
+            text, stopped = stops.push(detok.add(visible))
             if tokens or text:
-                emit(TokenEvent(token_ids=tokens, text=text))
+                emit(TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime.tokenizer)))
             if stopped or decoder.done:
                 reason = "stop"
                 break
@@ -186,6 +192,19 @@ def _visible(tokens: list[int], decoder: SpecDecoder, runtime) -> list[int]:
     if decoder.done and tokens and tokens[-1] in decoder.opts.stop_ids:
         return tokens[:-1]
     return tokens
+
+
+def _event_logprobs(decoder: SpecDecoder, visible: list[int], tokenizer) -> list[TokenLogprob] | None:
+    """TokenLogprobs of the visible tokens the decoder just committed (None when not asked for)."""
+    if decoder.last_logprobs is None:
+        return None
+    def text(token_id: int) -> str:  # each id alone, special tokens kept (OpenAI's `token`)
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return [
+        TokenLogprob(token_id=t, token=text(t), logprob=lp, top=[(i, text(i), v) for i, v in top])
+        for t, (lp, top) in zip(visible, decoder.last_logprobs)
+    ]
 
 
 def exit_process(code: int) -> None:

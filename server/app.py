@@ -18,7 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 from engine.api import EngineInfo
 from server import errors, metrics, openapi
 from server.errors import APIError
-from server.middleware import ApiKeyMiddleware
+from server.middleware import ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
 from server.routes import chat, completions, health, models
 from server.runtime import EngineLike, Runtime
 from server.settings import ServerSettings
@@ -29,9 +29,22 @@ ReadyHook = Callable[[EngineInfo], None]
 
 GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
+# Request headers a browser may send cross-origin (named: Starlette does not take wildcards such as
+# X-Stainless-*): the OpenAI JS SDK's, and the Anthropic SDK's for clients that share one config.
+CORS_REQUEST_HEADERS = (
+    "Authorization", "Content-Type", "OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta",
+    "X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch", "X-Stainless-Runtime",
+    "X-Stainless-Runtime-Version", "X-Stainless-Retry-Count", "X-Stainless-Timeout", "X-Stainless-Helper-Method",
+    "X-Stainless-Async", "anthropic-version", "anthropic-beta", "x-api-key",
+    "anthropic-dangerous-direct-browser-access",
+)
+# Response headers page scripts may read (browsers hide all but a few safelisted ones otherwise).
+CORS_EXPOSED_HEADERS = ("Retry-After", "X-Dspark-Ignored")
+
 DESCRIPTION = (
     "OpenAI-compatible server with lossless speculative decoding (DSpark, DFlash) on MLX. "
-    "Errors are OpenAI-shaped; unsupported OpenAI fields are refused with a 400 naming the field."
+    "Errors are OpenAI-shaped. Fields the server does not model are ignored and listed in X-Dspark-Ignored "
+    "(refused under --strict-params); what would be served wrongly gets a 400 naming the field."
 )
 
 
@@ -46,13 +59,21 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
     errors.install(app, on_error=lambda request, exc: _count_refusal(runtime, request, exc))
     for module in (chat, completions, models, health):
         app.include_router(module.router)
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    if settings.allowed_origins:  # added last: outermost, so 401s carry CORS headers too
-        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"])
+    _add_middleware(app, settings)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
     return app
+
+
+def _add_middleware(app: FastAPI, settings: ServerSettings) -> None:
+    """Each one added wraps the ones before: the host guard, then CORS, then the API key."""
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.allowed_origins:  # outside the key check: preflights and 401s carry CORS headers
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET", "POST"],
+                           allow_headers=list(CORS_REQUEST_HEADERS), expose_headers=list(CORS_EXPOSED_HEADERS))
+    hosts = guarded_hosts(settings.host, settings.allowed_hosts)
+    if hosts is not None:  # outermost: a rebinding page gets no answer at all, preflights included
+        app.add_middleware(HostGuardMiddleware, allowed=hosts)
 
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]

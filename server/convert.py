@@ -1,8 +1,10 @@
 """Protocol <-> engine: requests to `GenerationRequest`, engine events to OpenAI objects.
 
-A formatter builds the OpenAI objects of one request: `opening()` before any token, `delta(text)`
-per engine round, `closing(finished)` at the end of a stream, `response(text, finished)` for a
-non-streaming reply. Chat and text completions differ only here.
+A formatter builds the OpenAI objects of one request: `opening()` before any token,
+`delta(event)` per engine round (zero or more chunks), `closing(finished)` at the end of a stream,
+`response(events, finished)` for a non-streaming reply. A chat reply's text goes through the
+request's output parser (reasoning, tool calls), which gives the same message however the text was
+split into rounds, so a streamed reply accumulates to the non-streamed one.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import time
 import uuid
 from typing import Any
 
-from engine.api import Finished, GenerationRequest, SamplingParams
+from engine.api import Finished, GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
+from server import logprobs as lp
+from server.outputs.events import Content, Reasoning, ToolCallArgs, ToolCallStart
+from server.outputs.pipeline import accumulate, make_parser, merge
+from server.prompt import OutputSpec
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChunkDelta,
     CompletionChoice,
@@ -27,25 +32,11 @@ from server.protocol import (
 )
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the request omits it
-_TEMPLATE_ROLES = {"developer": "system"}  # chat templates rarely know "developer"
 
 
 def new_id(prefix: str) -> str:
     """A fresh response id, `chatcmpl-...` / `cmpl-...`."""
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """OpenAI messages as the plain dicts `EngineClient.encode_chat` takes (string content)."""
-    out = []
-    for message in req.messages:
-        item: dict[str, Any] = {"role": _TEMPLATE_ROLES.get(message.role, message.role), "content": message.text()}
-        if message.name is not None:
-            item["name"] = message.name
-        if message.tool_call_id is not None:
-            item["tool_call_id"] = message.tool_call_id
-        out.append(item)
-    return out
 
 
 def sampling_params(req: GenerationFields) -> SamplingParams:
@@ -57,11 +48,16 @@ def sampling_params(req: GenerationFields) -> SamplingParams:
         min_p=req.min_p or 0.0,
         seed=req.seed,
         sampler=req.dspark.sampler if req.dspark else None,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=tuple(sorted(req.bias_by_id.items())),
     )
 
 
 def generation_request(
-    request_id: str, req: GenerationFields, prompt_ids: list[int], max_tokens: int | None, context_length: int
+    request_id: str, req: GenerationFields, prompt_ids: list[int], max_tokens: int | None, context_length: int,
+    logprobs: int | None = None,
 ) -> GenerationRequest:
     """The engine request; without `max_tokens` the rest of the context window is the limit."""
     if max_tokens is None:
@@ -72,22 +68,35 @@ def generation_request(
         max_tokens=max_tokens,
         sampling=sampling_params(req),
         stop=tuple(req.stop or ()),
+        logprobs=logprobs,
     )
 
 
-def usage(finished: Finished) -> Usage:
-    """OpenAI usage from the engine's counts."""
+def usage(finished: Finished, reasoning_tokens: int | None = None) -> Usage:
+    """OpenAI usage from the engine's counts (no prompt cache yet: 0 cached tokens)."""
     u = finished.usage
+    details = None if reasoning_tokens is None else {"reasoning_tokens": reasoning_tokens}
     return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                 total_tokens=u.prompt_tokens + u.completion_tokens)
+                 total_tokens=u.prompt_tokens + u.completion_tokens, prompt_tokens_details={"cached_tokens": 0},
+                 completion_tokens_details=details)
 
 
 class ChatFormatter:
     """Chat completion objects for one request."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec,
+                 logprobs: bool = False) -> None:
         self.id, self.model, self.include_usage = request_id, model, include_usage
         self.created = int(time.time())
+        self._spec, self._logprobs = spec, logprobs
+        self._parser = _parser(spec)
+        self._calls = 0
+        self._pending: list[TokenLogprob] = []  # logprobs of text the parser still holds back
+        self._token_ids: list[int] = []
+        self._kinds: set[type] = set()  # the kinds of output events seen, for the reasoning count
+        self._before_answer = 0  # tokens of the rounds before any answer text or call appeared
+
+    # ------------------------------------------------------------------ chunks
 
     def _chunk(self, choices: list[ChatChunkChoice], **extra: Any) -> dict[str, Any]:
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
@@ -103,33 +112,123 @@ class ChatFormatter:
         """The role chunk."""
         return [self._chunk([ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))])]
 
-    def delta(self, text: str) -> dict[str, Any]:
-        """A content chunk."""
-        return self._chunk([ChatChunkChoice(delta=ChunkDelta(content=text))])
+    def delta(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """The chunks of one engine round (none while the parser holds the text back)."""
+        self._pending += event.logprobs or []
+        return self._chunks(self._push(event))
+
+    def _chunks(self, events: list[Any]) -> list[dict[str, Any]]:
+        out = []
+        for ev in self._seen(events):
+            choice = ChatChunkChoice(delta=self._delta_of(ev))
+            if self._logprobs and self._pending:
+                choice.logprobs = lp.chat_logprobs(self._pending)
+                self._pending = []
+            out.append(self._chunk([choice]))
+        return out
+
+    def _delta_of(self, ev: Any) -> ChunkDelta:
+        if isinstance(ev, Content):
+            return ChunkDelta(content=ev.text)
+        if isinstance(ev, Reasoning):
+            return ChunkDelta(reasoning_content=ev.text)
+        if isinstance(ev, ToolCallStart):
+            self._calls += 1
+            call = {"index": ev.index, "id": ev.id, "type": "function",
+                    "function": {"name": ev.name, "arguments": ""}}
+            return ChunkDelta(tool_calls=[call])
+        assert isinstance(ev, ToolCallArgs), ev
+        return ChunkDelta(tool_calls=[{"index": ev.index, "function": {"arguments": ev.text}}])
 
     def closing(self, finished: Finished) -> list[dict[str, Any]]:
-        """Trailing text, the finish chunk (with `dspark_stats`), then the usage chunk if asked."""
-        chunks = [self.delta(finished.text)] if finished.text else []
-        finish = ChatChunkChoice(delta=ChunkDelta(), finish_reason=finished.reason)
+        """Held-back text, the finish chunk (with `dspark_stats`), then the usage chunk if asked."""
+        chunks = self._chunks(self._tail(finished))
+        finish = ChatChunkChoice(delta=ChunkDelta(), finish_reason=self._reason(finished, self._calls))
+        if self._logprobs and self._pending:
+            finish.logprobs = lp.chat_logprobs(self._pending)
         chunks.append(self._chunk([finish], dspark_stats=finished.stats.as_dict()))
         if self.include_usage:
-            chunks.append(self._chunk([], usage=usage(finished)))
+            chunks.append(self._chunk([], usage=self._usage(finished)))
         return chunks
 
-    def response(self, text: str, finished: Finished) -> dict[str, Any]:
+    # ------------------------------------------------------------------ non-streaming
+
+    def response(self, events: list[TokenEvent], finished: Finished) -> dict[str, Any]:
         """The non-streaming reply."""
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finished.reason)
+        out: list[Any] = []
+        for event in events:
+            out += self._push(event)
+        message = accumulate(self._seen(out + self._tail(finished)))
+        calls = message.tool_calls or None
+        reply_message = AssistantMessage(content=message.content if message.content or not calls else None,
+                                         reasoning_content=message.reasoning, tool_calls=calls)
+        if reply_message.content is None and not calls:
+            reply_message.content = ""
+        items = [item for event in events for item in event.logprobs or []]
+        choice = ChatChoice(message=reply_message, finish_reason=self._reason(finished, len(calls or [])),
+                            logprobs=lp.chat_logprobs(items) if self._logprobs else None)
         reply = ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                       usage=usage(finished), dspark_stats=finished.stats.as_dict())
-        return reply.model_dump(mode="json")
+                                       usage=self._usage(finished),
+                                       dspark_stats=finished.stats.as_dict())
+        body = reply.model_dump(mode="json")
+        body["choices"][0]["message"] = _without_none(body["choices"][0]["message"], "reasoning_content", "tool_calls")
+        return body
+
+    # ------------------------------------------------------------------ shared
+
+    @staticmethod
+    def _reason(finished: Finished, num_calls: int) -> str:
+        """`tool_calls` when the model stopped after calling tools, else the engine's reason."""
+        return "tool_calls" if num_calls and finished.reason == "stop" else finished.reason
+
+    def _tail(self, finished: Finished) -> list[Any]:
+        """The text released at the end, and whatever the parser still held back."""
+        return (self._parser.push(finished.text) if finished.text else []) + self._parser.finish()
+
+    def _push(self, event: TokenEvent) -> list[Any]:
+        """Parse one round's text, keeping the token counts the reasoning count needs."""
+        self._token_ids += event.token_ids
+        out = self._parser.push(event.text) if event.text else []
+        if not self._kinds - {Reasoning} and all(isinstance(ev, Reasoning) for ev in out):
+            self._before_answer += len(event.token_ids)
+        self._kinds.update(type(ev) for ev in out)
+        return out
+
+    def _seen(self, events: list[Any]) -> list[Any]:
+        """`merge(events)`, noting which kinds of output appeared."""
+        merged = merge(events)
+        self._kinds.update(type(ev) for ev in merged)
+        return merged
+
+    def _usage(self, finished: Finished) -> Usage:
+        return usage(finished, self._reasoning_tokens() if self._spec.thinking else None)
+
+    def _reasoning_tokens(self) -> int:
+        """Generated tokens up to and including `</think>` (exact when it is one token; else the rounds
+        before the answer began, which is exact to the round)."""
+        end = self._spec.think_end_id
+        if end is not None and end in self._token_ids:
+            return self._token_ids.index(end) + 1
+        return self._before_answer if Reasoning in self._kinds else 0
+
+
+def _parser(spec: OutputSpec):
+    return make_parser(spec.chat_template, spec.tools_requested, spec.thinking, spec.max_calls,
+                       spec.prompt_ends_in_think)
+
+
+def _without_none(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if not (k in keys and v is None)}
 
 
 class CompletionFormatter:
     """Text completion objects for one request (no role chunk in this API)."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool, logprobs: bool = False) -> None:
         self.id, self.model, self.include_usage = request_id, model, include_usage
         self.created = int(time.time())
+        self._logprobs = logprobs
+        self._offset = 0  # text length so far, for `text_offset`
 
     def _object(self, choices: list[CompletionChoice], **extra: Any) -> dict[str, Any]:
         obj = CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
@@ -138,23 +237,32 @@ class CompletionFormatter:
             exclude.add("dspark_stats")
         return obj.model_dump(mode="json", exclude=exclude)
 
+    def _choice(self, text: str, items: list[TokenLogprob], reason: str | None = None) -> CompletionChoice:
+        logprobs = lp.completion_logprobs(items, self._offset) if self._logprobs else None
+        self._offset += len(text)
+        return CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason)
+
     def opening(self) -> list[dict[str, Any]]:
         """Nothing: text completion streams start with the first text."""
         return []
 
-    def delta(self, text: str) -> dict[str, Any]:
-        """A text chunk."""
-        return self._object([CompletionChoice(text=text)])
+    def delta(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """A text chunk (none for a round whose text is held back and carries no logprobs)."""
+        if not event.text and not (self._logprobs and event.logprobs):
+            return []
+        return [self._object([self._choice(event.text, event.logprobs or [])])]
 
     def closing(self, finished: Finished) -> list[dict[str, Any]]:
         """The finish chunk (with any trailing text and `dspark_stats`), then usage if asked."""
-        finish = CompletionChoice(text=finished.text, finish_reason=finished.reason)
+        finish = self._choice(finished.text, [], finished.reason)
         chunks = [self._object([finish], dspark_stats=finished.stats.as_dict())]
         if self.include_usage:
             chunks.append(self._object([], usage=usage(finished)))
         return chunks
 
-    def response(self, text: str, finished: Finished) -> dict[str, Any]:
+    def response(self, events: list[TokenEvent], finished: Finished) -> dict[str, Any]:
         """The non-streaming reply."""
-        choice = CompletionChoice(text=text, finish_reason=finished.reason)
+        text = "".join(e.text for e in events) + finished.text
+        items = [item for e in events for item in e.logprobs or []]
+        choice = self._choice(text, items, finished.reason)
         return self._object([choice], usage=usage(finished), dspark_stats=finished.stats.as_dict())

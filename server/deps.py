@@ -21,6 +21,10 @@ def _body_limit(request: Request) -> int:
     return get_runtime(request).settings.max_body_bytes
 
 
+def _strict(request: Request) -> bool:
+    return bool(get_runtime(request).settings.strict_params)
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-ChatBody = Annotated[ChatCompletionRequest, Depends(body_of(ChatCompletionRequest, _body_limit))]
-CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest, _body_limit))]
+ChatBody = Annotated[ChatCompletionRequest, Depends(body_of(ChatCompletionRequest, _body_limit, _strict))]
+CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest, _body_limit, _strict))]

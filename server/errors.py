@@ -47,6 +47,15 @@ STATUS_TYPES: dict[int, str] = {429: RATE_LIMIT, 500: SERVER_ERROR, 503: UNAVAIL
 
 SANITIZED_500 = "The engine failed while generating this request; the server log has the details."
 
+# What a client is told when the chat template or the tokenizer failed on its input (keyed by the
+# error's param). Their own text can name Python exceptions, tokenizer internals or file paths, so it
+# goes to the log; only a template's own `raise_exception(...)` text, written for users, is passed on.
+RENDER_FAILED: dict[str | None, str] = {
+    "messages": "The model's chat template could not render these messages.",
+    "prompt": "The tokenizer could not encode this prompt.",
+    None: "The prompt could not be rendered.",
+}
+
 ErrorHook = Callable[[Request, "APIError"], None]
 
 
@@ -84,13 +93,34 @@ class APIError(Exception):
 def from_engine_error(exc: EngineError, *, retry_after_s: int | None = None) -> APIError:
     """Map an engine exception through `ENGINE_ERRORS`; 500s get a sanitized message."""
     status, error_type = next((s, t) for cls, s, t in ENGINE_ERRORS if isinstance(exc, cls))
-    message = str(exc) or exc.code
+    message = _input_message(exc) if isinstance(exc, EngineInputError) else str(exc) or exc.code
     if status == 500:
         log.error("engine failure: %r", exc)
         message = SANITIZED_500
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None and status in (429, 503) else None
     param = getattr(exc, "param", None)
     return APIError(status, message, type=error_type, param=param, code=exc.code, headers=headers)
+
+
+def _input_message(exc: EngineInputError) -> str:
+    """The client's message for an input error: ours as written; a wrapped library failure sanitized."""
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, EngineError):
+        return str(exc) or exc.code
+    log.info("request input refused by the chat template or tokenizer: %r", cause)
+    param = getattr(exc, "param", None)
+    message = RENDER_FAILED.get(param, RENDER_FAILED[None])
+    refusal = _template_refusal(cause)
+    return f"{message} The template says: {refusal}" if refusal else message
+
+
+def _template_refusal(cause: BaseException) -> str | None:
+    """The text of a template's `raise_exception(...)`: exactly Jinja's base TemplateError (syntax, undefined
+    and other Jinja errors are subclasses and stay in the log)."""
+    kind = type(cause)
+    if kind.__name__ == "TemplateError" and kind.__module__.startswith("jinja2"):
+        return str(cause)[:500] or None
+    return None
 
 
 def request_too_large(limit: int) -> APIError:

@@ -38,11 +38,11 @@ class Formatter(Protocol):
 
     def opening(self) -> list[dict[str, Any]]: ...
 
-    def delta(self, text: str) -> dict[str, Any]: ...
+    def delta(self, event: TokenEvent) -> list[dict[str, Any]]: ...
 
     def closing(self, finished: Finished) -> list[dict[str, Any]]: ...
 
-    def response(self, text: str, finished: Finished) -> dict[str, Any]: ...
+    def response(self, events: list[TokenEvent], finished: Finished) -> dict[str, Any]: ...
 
 
 class Job:
@@ -119,13 +119,15 @@ def start(runtime: Runtime, engine: EngineLike, request: GenerationRequest, endp
     return Job(runtime, engine, handle, request, endpoint)
 
 
-async def respond(runtime: Runtime, job: Job, fmt: Formatter, request: Request, stream: bool) -> Response:
+async def respond(runtime: Runtime, job: Job, fmt: Formatter, request: Request, stream: bool,
+                  headers: dict[str, str] | None = None) -> Response:
     """The reply to an admitted request: an SSE stream, or JSON once the engine finished."""
     if stream:
         frames = stream_frames(job, fmt, runtime.settings.keepalive_s)
-        return sse.SSEResponse(frames, headers=sse.HEADERS, on_close=lambda: job.close(metrics.CANCELLED))
-    text, finished = await collect(job, request)
-    return JSONResponse(fmt.response(text, finished))
+        return sse.SSEResponse(frames, headers={**sse.HEADERS, **(headers or {})},
+                               on_close=lambda: job.close(metrics.CANCELLED))
+    events, finished = await collect(job, request)
+    return JSONResponse(fmt.response(events, finished), headers=headers)
 
 
 async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIterator[str]:
@@ -140,9 +142,11 @@ async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIt
             if event is None:
                 yield sse.comment(job.status_text())
             elif isinstance(event, TokenEvent):
-                if not event.text:
+                chunks = fmt.delta(event)
+                if not chunks:
                     continue
-                yield sse.data(fmt.delta(event.text))
+                for chunk in chunks:
+                    yield sse.data(chunk)
             else:
                 for chunk in fmt.closing(event):
                     yield sse.data(chunk)
@@ -157,19 +161,19 @@ async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIt
         job.close(outcome)
 
 
-async def collect(job: Job, request: Request) -> tuple[str, Finished]:
+async def collect(job: Job, request: Request) -> tuple[list[TokenEvent], Finished]:
     """The whole completion; a client disconnect meanwhile cancels the engine request."""
     watcher = asyncio.ensure_future(_watch_disconnect(request, job))
     outcome = metrics.CANCELLED
     try:
-        parts: list[str] = []
+        events: list[TokenEvent] = []
         while True:
             event = await job.next(None)
             assert event is not None  # no timeout given
-            parts.append(event.text)
             if isinstance(event, Finished):
                 outcome = metrics.OK
-                return "".join(parts), event
+                return events, event
+            events.append(event)
     except ClientGone:
         gone = APIError(499, "Client closed the request.", code="client_closed_request")
         gone.counted = True

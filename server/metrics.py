@@ -32,6 +32,9 @@ _DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 
 EngineGetter = Callable[[], Any]
 
+MAX_IGNORED_LABELS = 200  # distinct ignored-field names with a series of their own
+OTHER_FIELDS = "(other)"
+
 
 def outcome_for_status(status: int) -> str:
     """The outcome label of a request refused with `status`."""
@@ -68,6 +71,9 @@ class Metrics:
                                    ["position"], registry=r)
         self.verified_at = Counter("dspark_spec_verified_tokens_by_position", "Verified drafts at each draft slot",
                                    ["position"], registry=r)
+        self.ignored = Counter("dspark_ignored_fields", "Request fields ignored by the tolerant policy, by name",
+                               ["field"], registry=r)
+        self._ignored_labels: set[str] = set()
         r.register(_EngineCollector(engine))
         self._mean_duration_s = 0.0
 
@@ -78,6 +84,18 @@ class Metrics:
     def count(self, endpoint: str, outcome: str) -> None:
         """Count one request outcome."""
         self.requests.labels(endpoint=endpoint, outcome=outcome).inc()
+
+    def ignored_fields(self, names: list[str]) -> None:
+        """Count the request fields one request carried that the server ignored.
+
+        Clients choose the names, so at most MAX_IGNORED_LABELS distinct ones get a series of their own
+        and the rest are counted as `(other)`: the registry cannot be grown without bound.
+        """
+        for name in names:
+            if name not in self._ignored_labels and len(self._ignored_labels) >= MAX_IGNORED_LABELS:
+                name = OTHER_FIELDS
+            self._ignored_labels.add(name)
+            self.ignored.labels(field=name).inc()
 
     def record_stats(self, stats: SpecStats) -> None:
         """Add one finished request's speculative statistics."""

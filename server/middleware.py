@@ -1,8 +1,10 @@
-"""Bearer API-key check, as pure ASGI middleware so streamed responses pass through untouched."""
+"""Bearer API-key check and DNS-rebinding guard, as pure ASGI middleware so streams pass through untouched."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -43,3 +45,80 @@ class ApiKeyMiddleware:
 
 def _unauthorized(message: str) -> APIError:
     return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+# Hosts a loopback-bound server always answers, besides any loopback IP literal (127.0.0.0/8, ::1).
+LOCAL_HOSTNAMES = frozenset({"localhost"})
+ANY_HOST = "*"
+
+
+class HostGuardMiddleware:
+    """421 (OpenAI-shaped) unless the `Host` header names this machine or an allowed host.
+
+    DNS rebinding: a page on evil.example re-points its own name at 127.0.0.1, and the browser then
+    treats the local server as same-origin with it. The `Host` header still says evil.example, so
+    refusing unknown names keeps such pages from reading or driving the server, /health included.
+    """
+
+    def __init__(self, app: ASGIApp, allowed: Iterable[str]) -> None:
+        self.app = app
+        self._allowed = frozenset(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # Every Host header must pass (there is normally exactly one); none at all is refused too.
+        names = [hostname(value.decode("latin-1")) for key, value in scope["headers"] if key == b"host"]
+        refused = next((name for name in names if not self._admits(name)), None if names else "")
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        await _host_not_allowed(refused).response()(scope, receive, send)
+
+    def _admits(self, name: str) -> bool:
+        return name in self._allowed or is_loopback(name)
+
+
+def guarded_hosts(bind_host: str, allowed_hosts: Iterable[str]) -> frozenset[str] | None:
+    """The extra Host names the guard admits, or None when there is no guard.
+
+    On by default only for a loopback bind: a server bound to a public interface is reached under
+    names we cannot guess, so there it is opt-in (`--allowed-hosts`). `*` turns it off.
+    """
+    extra = frozenset(hostname(host) for host in allowed_hosts)
+    if ANY_HOST in extra or not (extra or is_loopback(bind_host)):
+        return None
+    return extra
+
+
+def hostname(authority: str) -> str:
+    """The lowercase host of a `Host` value: no port, no IPv6 brackets (`[::1]:8000` -> `::1`)."""
+    value = authority.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    if value.count(":") == 1:  # name:port; more colons is a bare IPv6 literal
+        return value.partition(":")[0]
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP literal (127.0.0.0/8, ::1); brackets and a port are allowed."""
+    name = hostname(host)
+    if name in LOCAL_HOSTNAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_not_allowed(name: str) -> APIError:
+    """421 naming the refused host and the flag that would admit it."""
+    name = name[:100]  # the header is client-chosen: echo a bounded part of it
+    refusal = f"Host {name!r} is not allowed" if name else "A Host header is required"
+    flag = name or "NAME"
+    return APIError(421, f"{refusal}: this server answers only requests addressed to localhost, 127.0.0.1, [::1] "
+                         f"or a name given with --allowed-hosts (DNS-rebinding protection). To allow it, start the "
+                         f"server with --allowed-hosts {flag} (or DSPARK_ALLOWED_HOSTS={flag}).",
+                    code="host_not_allowed")

@@ -1,37 +1,75 @@
 """Pydantic shapes of the OpenAI API as this server speaks it: requests, responses, chunks, errors.
 
-Request policy (server/README.md): types are strict (no "5" for an integer, no `true` for a
-number, no NaN/Infinity), unknown fields are rejected with "Unrecognized request argument", and
-OpenAI fields we do not implement are accepted only at their no-op value (`n: 1`, `tools: []`,
-`logprobs: false`, ...) and otherwise rejected with a 400 naming the field. Extensions: `top_k`,
-`min_p`, `chat_template_kwargs` (as in vLLM) and the `dspark` object (`{"sampler": ...}`).
+Request policy (server/README.md "Request policy"): types are strict (no "5" for an integer, no
+`true` for a number, no NaN/Infinity; an integral float such as `16.0` is the integer, as in JSON
+Schema). By default the server is tolerant: fields it does not model are ignored (`server.policy`
+lists them for the log, the metrics and the `X-Dspark-Ignored` header). With `--strict-params`
+(validation context `{"strict_params": True}`) it answers as OpenAI does: unknown fields and more
+than 4 stop strings get a 400. Either way a 400 stays for what would otherwise be served wrongly: `n > 1`,
+image or audio input, audio output, JSON `response_format` and forced tool calls.
+Extensions: `top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs` (as in vLLM) and the
+`dspark` object (`{"sampler": ...}`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, create_model, field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from server.prompt import TEMPLATE_FLAGS
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_STOP = 4
+MAX_STOP = 64  # Continue's FIM templates send 7-9; the matcher's cost grows with the count
+OPENAI_MAX_STOP = 4  # what --strict-params enforces, as OpenAI does
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a bias value: [-100, 100]
+# A `logit_bias` key: a token id in canonical decimal, below 2**63 (str.isdigit would take "²", and
+# int() refuses very long digit strings); ids past the vocabulary are refused by the engine.
+TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,17}")
 
-_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+_CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+_INPUT_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+                "audio_url": "audio", "file": "file", "video_url": "video"}
 
-# OpenAI request fields that this server does not implement and does not model at all: any value
-# is refused (a no-op value of these does not exist or is never sent by default).
-UNSUPPORTED_FIELDS = frozenset(
-    {"audio", "modalities", "prediction", "reasoning_effort", "service_tier", "web_search_options",
-     "verbosity", "metadata", "prompt_cache_key", "safety_identifier", "guided_json", "guided_regex"}
-)
+
+# Marks a schema branch that only the tolerant policy accepts (server.openapi drops it under --strict-params).
+TOLERANT_ONLY = "x-tolerant-only"
+
+
+def strict_params(info: ValidationInfo) -> bool:
+    """True when the request is validated under --strict-params."""
+    return bool(info.context and info.context.get("strict_params"))
 
 
 def unsupported(field: str, why: str = "") -> PydanticCustomError:
-    """The error for an OpenAI feature this server rejects rather than ignores."""
+    """The error for an OpenAI feature this server refuses rather than serve wrongly."""
     detail = f" {why}" if why else ""
     message = f"'{field}' is not supported by this server.{detail}"
     return PydanticCustomError("unsupported_parameter", message, {"param": field})
+
+
+def invalid(field: str, message: str) -> PydanticCustomError:
+    """A 400 invalid_value naming `field`."""
+    return PydanticCustomError("invalid_value", message, {"param": field})
+
+
+def _integral(value: Any) -> Any:
+    """`16.0` for an integer field is 16: JSON Schema's `integer` takes it, whatever the policy (and many
+    scripts compute token counts as floats)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
 
 
 def _str_or_list(value: Any) -> Any:
@@ -44,122 +82,228 @@ def _str_or_list(value: Any) -> Any:
 
 
 def _content_parts(value: Any) -> Any:
-    """Message content: a string, or an array of text parts."""
+    """Message content: a string, an array of parts, or null (an empty message)."""
+    if value is None:
+        return []
     if isinstance(value, str):
-        return [{"type": "text", "text": value}]
+        return [{"type": "text", "text": value}] if value else []
     if isinstance(value, list):
         return value
-    raise PydanticCustomError("invalid_type", "Input should be a string or an array of content parts")
+    raise PydanticCustomError("invalid_type", "Input should be a string, an array of content parts or null")
 
 
 Stop = Annotated[
-    Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None,
+    list[Annotated[str, Field(min_length=1)]] | None,
     BeforeValidator(_str_or_list),
-    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP},
-                              {"type": "null"}]}),
+    WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1},
+                              {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP},
+                              {"type": "null"}],
+                    "description": f"up to {MAX_STOP} non-empty strings ({OPENAI_MAX_STOP} under --strict-params)"}),
 ]
 
 
-class TextPart(BaseModel):
-    """A content part; only `{"type": "text", "text": ...}` is supported."""
+def _scalar(value: Any) -> Any:
+    """A template flag: a JSON scalar (no object or array for Jinja to walk), finite if a number."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise PydanticCustomError("invalid_type", "Input should be a boolean, a number, a string or null")
 
-    model_config = _STRICT
+
+TemplateFlag = Annotated[
+    Any, BeforeValidator(_scalar), WithJsonSchema({"type": ["boolean", "number", "string", "null"]}),
+]
+
+ChatTemplateKwargs = create_model(
+    "ChatTemplateKwargs",
+    __config__=_CONFIG,
+    __doc__="`chat_template_kwargs`: the switches a chat template may read (server.prompt.TEMPLATE_FLAGS). "
+            "Other keys are ignored and reported (--strict-params: refused); null means unset.",
+    **{flag: (TemplateFlag, None) for flag in TEMPLATE_FLAGS},
+)
+
+
+class TextPart(BaseModel):
+    """A content part: text (and `refusal` in assistant history, read as text)."""
+
+    model_config = _CONFIG
     type: Literal["text"]
     text: str
+    refusal: str | None = Field(default=None, exclude=True, description="a `refusal` part's text, read as text")
 
     @model_validator(mode="before")
     @classmethod
     def _only_text(cls, data: Any) -> Any:
-        """Name the unsupported part type instead of listing every missing field."""
-        if isinstance(data, dict) and isinstance(data.get("type"), str) and data["type"] != "text":
+        """Name the part type a text-only model cannot take, instead of listing missing fields."""
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            return data
+        kind = data["type"]
+        if kind in ("input_text", "output_text"):  # Responses-style text parts some clients send
+            return {"type": "text", "text": data.get("text")}
+        if kind == "refusal":
+            return {"type": "text", "text": data.get("refusal")}
+        if kind != "text":
+            what = _INPUT_PARTS.get(kind, kind)
             raise PydanticCustomError(
                 "unsupported_content_part",
-                "Content part type '{kind}' is not supported; only 'text' parts are.",
-                {"kind": data["type"]},
+                "Content part type '{kind}' is not supported: the served model reads text only ({what} input "
+                "would be dropped). Send text parts.",
+                {"kind": kind, "what": what},
             )
         return data
 
 
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"enum": ["text", "input_text", "output_text"]}, "text": {"type": "string"}}}
+_REFUSAL_PART = {"type": "object", "required": ["type", "refusal"],
+                 "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}}}
 Content = Annotated[
     list[TextPart],
     BeforeValidator(_content_parts),
-    Field(min_length=1),
-    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["type", "text"], "additionalProperties": False,
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"},
+                              {"type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART]}}]}),
 ]
+
+
+class FunctionCall(BaseModel):
+    """`function` of an assistant tool call in history; `arguments` is a JSON string (an object is re-encoded)."""
+
+    model_config = _CONFIG
+    name: str
+    arguments: Annotated[str, WithJsonSchema({"anyOf": [
+        {"type": "string"}, {"type": "object", TOLERANT_ONLY: True}, {"type": "null"}]})] = "{}"
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _as_json_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """Some clients send the arguments object itself; OpenAI's wire format is its JSON text."""
+        if isinstance(value, dict) and not strict_params(info):
+            return json.dumps(value, ensure_ascii=False)
+        return "{}" if value is None else value
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message in history."""
+
+    model_config = _CONFIG
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+def _content_required_unless_assistant(schema: dict[str, Any]) -> None:
+    """The schema's form of `_assistant_may_omit_content`."""
+    schema["required"] = [name for name in schema.get("required", []) if name != "content"]
+    schema["if"] = {"properties": {"role": {"not": {"const": "assistant"}}}}
+    schema["then"] = {"required": ["content"]}
 
 
 class ChatMessage(BaseModel):
     """One conversation turn. `developer` is given to the chat template as `system`."""
 
-    model_config = _STRICT
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    model_config = ConfigDict(**_CONFIG, json_schema_extra=_content_required_unless_assistant)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = Field(default=None, description="earlier reasoning; given to the template")
+    reasoning: str | None = Field(default=None, description="alias of reasoning_content (vLLM's name)")
 
-    @field_validator("tool_calls")
+    @model_validator(mode="before")
     @classmethod
-    def _no_tool_calls(cls, value: list[Any] | None) -> list[Any] | None:
-        """Tool calling is not implemented yet."""
-        if value:
-            raise unsupported("tool_calls", "Tool calling is not implemented yet.")
-        return value
+    def _assistant_may_omit_content(cls, data: Any) -> Any:
+        """An assistant turn may carry only tool calls (content absent or null); other roles need content."""
+        if isinstance(data, dict) and data.get("role") == "assistant" and "content" not in data:
+            return {**data, "content": None}
+        return data
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, as vLLM does)."""
         return "\n".join(part.text for part in self.content)
 
+    @property
+    def reasoning_text(self) -> str | None:
+        """Reasoning of an earlier assistant turn, under either name."""
+        return self.reasoning_content if self.reasoning_content is not None else self.reasoning
+
+
+class FunctionDef(BaseModel):
+    """A callable function offered to the model."""
+
+    model_config = _CONFIG
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of `tools`; only function tools exist in the chat API."""
+
+    model_config = _CONFIG
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+    def template_dict(self) -> dict[str, Any]:
+        """The OpenAI shape chat templates expect (`{"type": "function", "function": {...}}`)."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
 
 class StreamOptions(BaseModel):
     """`stream_options`: only allowed with `stream: true`."""
 
-    model_config = _STRICT
+    model_config = _CONFIG
     include_usage: bool | None = None
 
 
 class DsparkOptions(BaseModel):
     """The `dspark` request extension object."""
 
-    model_config = _STRICT
+    model_config = _CONFIG
     sampler: Literal["rejection", "seed-stable"] | None = Field(
         None, description="lossless sampler for this request; default: the server's --sampler"
     )
 
 
+def _stream_options_rule(schema: dict[str, Any]) -> None:
+    """The schema's form of `_stream_options_need_stream`: an object `stream_options` needs `stream: true`."""
+    schema["if"] = {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]}
+    schema["then"] = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+
+
 class GenerationFields(BaseModel):
     """Fields shared by chat and text completions."""
 
-    model_config = _STRICT
+    model_config = ConfigDict(**_CONFIG, json_schema_extra=_stream_options_rule)
 
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1, description="default: the rest of the context window")
+    model: str | None = Field(default=None, description="default: the served model")
+    max_tokens: Int | None = Field(default=None, ge=1, description="default: the rest of the context window")
     temperature: float | None = Field(default=None, ge=0, le=2, description="default 1.0; 0 is greedy")
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1, description="extension; 0 or -1: off")
+    top_k: Int | None = Field(default=None, ge=-1, description="extension; 0 or -1: off")
     min_p: float | None = Field(default=None, ge=0, le=1, description="extension; 0: off")
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    seed: Int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: Stop = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int | None = Field(default=None, description="only 1")
-    user: str | None = Field(default=None, description="accepted and ignored (informational only)")
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2, description="only 0")
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, description="only 0")
+    n: Annotated[Int | None, WithJsonSchema({"enum": [1, None]})] = Field(default=None, description="only 1")
+    logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = Field(
+        default=None, description="token id (decimal digits, below the vocabulary size) -> bias in [-100, 100]")
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, description="extension (vLLM); 1: off")
     dspark: DsparkOptions | None = None
 
-    @model_validator(mode="before")
+    @field_validator("stop")
     @classmethod
-    def _refuse_unmodelled(cls, data: Any) -> Any:
-        """Known OpenAI fields we do not implement get a clearer error than 'unrecognized'."""
-        if isinstance(data, dict):
-            for key in sorted(UNSUPPORTED_FIELDS & data.keys()):
-                if data[key] is not None:
-                    raise unsupported(key)
-        return data
+    def _stop_count(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        """Up to MAX_STOP strings (OpenAI's 4 under --strict-params)."""
+        limit = OPENAI_MAX_STOP if strict_params(info) else MAX_STOP
+        if value is not None and len(value) > limit:
+            raise invalid("stop", f"'stop' takes at most {limit} strings, got {len(value)}")
+        return value
 
     @field_validator("n")
     @classmethod
@@ -171,27 +315,18 @@ class GenerationFields(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        """A bias would change the target distribution the lossless samplers promise."""
-        if value:
-            raise unsupported("logit_bias")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None, info: Any) -> float | None:
-        """Penalties are not implemented; 0 (OpenAI's default) is accepted."""
-        if value:
-            raise unsupported(info.field_name, "Only 0 is accepted.")
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """Keys are token ids as decimal strings (JSON's only key type); values are range-checked by type."""
+        for key in value or {}:
+            if not TOKEN_ID_KEY.fullmatch(key):
+                raise invalid("logit_bias", f"'logit_bias' keys must be token ids, got {key[:40]!r}")
         return value
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> GenerationFields:
+    def _stream_options_need_stream(self) -> GenerationFields:  # the schema says it too: _stream_options_rule
         """OpenAI refuses `stream_options` unless `stream` is true."""
         if self.stream_options is not None and not self.stream:
-            raise PydanticCustomError(
-                "invalid_value", "'stream_options' is only allowed when 'stream' is true", {"param": "stream_options"}
-            )
+            raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
         return self
 
     @property
@@ -199,61 +334,77 @@ class GenerationFields(BaseModel):
         """Whether a final usage chunk was asked for."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def bias_by_id(self) -> dict[int, float]:
+        """`logit_bias` with integer token ids."""
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | dict[str, Any] | None,
+                      WithJsonSchema({"enum": ["none", "auto", None]})]
+LegacyFunctionCall = Annotated[Literal["none", "auto"] | dict[str, Any] | None,
+                               WithJsonSchema({"enum": ["none", "auto", None]})]
+
 
 class ChatCompletionRequest(GenerationFields):
     """POST /v1/chat/completions body."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, description="same as max_tokens")
-    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="extension: template variables")
-    logprobs: bool | None = Field(default=None, description="only false")
-    top_logprobs: int | None = Field(default=None, description="not supported")
-    response_format: dict[str, Any] | None = Field(default=None, description='only {"type": "text"}')
-    tools: list[Any] | None = Field(default=None, description="not supported yet; only [] or null")
-    tool_choice: Any = Field(default=None, description='only "none" or null')
+    max_completion_tokens: Int | None = Field(
+        default=None, ge=1, description="same as max_tokens; when both are sent they must be equal")
+    chat_template_kwargs: ChatTemplateKwargs | None = Field(  # type: ignore[valid-type]
+        default=None, description="extension: switches for the model's chat template (JSON scalars)")
+    logprobs: bool | None = None
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
+        {"type": "object", "properties": {"type": {"enum": ["text", None]}}, "additionalProperties": True},
+        {"type": "null"}]})] = Field(default=None, description='only {"type": "text"}: structured output is not served')
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice = Field(
+        default=None, description='"auto" or "none" ("required" and a named function are refused)')
     parallel_tool_calls: bool | None = None
-    functions: list[Any] | None = Field(default=None, description="not supported; only [] or null")
-    function_call: Any = Field(default=None, description='only "none" or null')
-    store: bool | None = Field(default=None, description="only false")
+    functions: list[FunctionDef] | None = Field(default=None, description="legacy form of tools")
+    function_call: LegacyFunctionCall = Field(default=None, description="legacy form of tool_choice")
+    reasoning_effort: str | None = Field(default=None, description='"none" turns thinking off; others go to the template')
+    modalities: Annotated[list[str] | None, WithJsonSchema({"anyOf": [
+        {"type": "array", "items": {"enum": ["text"]}}, {"type": "null"}]})] = Field(
+        default=None, description='only ["text"]')
+    audio: Annotated[dict[str, Any] | None, WithJsonSchema({"type": "null"})] = Field(
+        default=None, description="not supported (text output only)")
 
-    @field_validator("logprobs", "store")
+    @field_validator("tool_choice", "function_call", mode="before")
     @classmethod
-    def _false_only(cls, value: bool | None, info: Any) -> bool | None:
-        """Accepted only when off."""
-        if value:
-            raise unsupported(info.field_name, "Only false is accepted.")
-        return value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        """Log probabilities are not returned yet."""
-        if value is not None:
-            raise unsupported("top_logprobs")
-        return value
-
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None, info: Any) -> list[Any] | None:
-        """Tool calling is not implemented yet; an empty list asks for nothing."""
-        if value:
-            raise unsupported(info.field_name, "Tool calling is not implemented yet.")
-        return value
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, value: Any, info: Any) -> Any:
-        """Only the choice that calls no tool."""
-        if value is not None and value != "none":
-            raise unsupported(info.field_name, "Tool calling is not implemented yet.")
-        return value
+    def _no_forced_call(cls, value: Any, info: ValidationInfo) -> Any:
+        """A forced call needs constrained decoding, which is not served yet."""
+        if value in (None, "none", "auto"):
+            return value
+        if value == "required" or isinstance(value, dict):
+            raise unsupported(info.field_name, 'Forcing a tool call ("required" or a named function) needs '
+                                               'structured output, which is not served yet; use "auto".')
+        raise invalid(info.field_name, f"'{info.field_name}' must be \"none\", \"auto\", \"required\" or an object")
 
     @field_validator("response_format")
     @classmethod
     def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Structured output is refused loudly rather than ignored."""
-        if value is not None and value != {"type": "text"}:
-            raise unsupported("response_format", 'Only {"type": "text"} is accepted.')
+        """JSON output is refused loudly rather than served unconstrained."""
+        if value is not None and value.get("type") not in (None, "text"):
+            raise unsupported("response_format", 'Structured output is not served yet; only {"type": "text"}.')
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, value: list[str] | None) -> list[str] | None:
+        """Audio output cannot be produced."""
+        if value and any(m != "text" for m in value):
+            raise unsupported("modalities", 'Only ["text"] output is served.')
+        return value
+
+    @field_validator("audio")
+    @classmethod
+    def _no_audio(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Audio output cannot be produced."""
+        if value is not None:
+            raise unsupported("audio", "Only text output is served.")
         return value
 
     @model_validator(mode="after")
@@ -261,16 +412,30 @@ class ChatCompletionRequest(GenerationFields):
         """`max_tokens` and `max_completion_tokens` must agree when both are sent."""
         a, b = self.max_tokens, self.max_completion_tokens
         if a is not None and b is not None and a != b:
-            raise PydanticCustomError(
-                "invalid_value", "'max_tokens' and 'max_completion_tokens' disagree; send one",
-                {"param": "max_completion_tokens"},
-            )
+            raise invalid("max_completion_tokens", "'max_tokens' and 'max_completion_tokens' disagree; send one")
         return self
 
     @property
     def token_limit(self) -> int | None:
         """The requested completion length, if any."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def tool_defs(self) -> list[ToolDef]:
+        """The tools offered to the model (`functions` is the legacy spelling); none when choice is "none"."""
+        if self.tool_choice == "none" or self.function_call == "none":
+            return []
+        return list(self.tools or []) + [ToolDef(function=f) for f in self.functions or []]
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs were asked for (None: off)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def max_tool_calls(self) -> int | None:
+        """1 with `parallel_tool_calls: false`, else no limit."""
+        return 1 if self.parallel_tool_calls is False else None
 
 
 def _prompt(value: Any) -> str | list[int]:
@@ -279,8 +444,10 @@ def _prompt(value: Any) -> str | list[int]:
         value = value[0]
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(type(x) is int and x >= 0 for x in value):
-        return value
+    if isinstance(value, list) and value and all(_token_id(x) for x in value):
+        return [int(x) for x in value]
+    if value == "" or value == []:
+        raise invalid("prompt", "'prompt' is empty: send at least one character or token id")
     if isinstance(value, list) and len(value) > 1 and all(isinstance(x, str | list) for x in value):
         raise unsupported("prompt", "One prompt per request (a batch of prompts is not served).")
     raise PydanticCustomError(
@@ -288,11 +455,22 @@ def _prompt(value: Any) -> str | list[int]:
     )
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+def _token_id(value: Any) -> bool:
+    """A token id: a non-negative integer (an integral float is one too; a boolean is not)."""
+    integral = type(value) is int or (type(value) is float and value.is_integer())
+    return integral and value >= 0
+
+
 Prompt = Annotated[
     str | list[int],
     BeforeValidator(_prompt),
-    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1},
-                              {"type": "array", "items": {"type": "integer", "minimum": 0}}]}),
+    WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+    ], "description": "text, one text in an array, token ids (below the vocabulary size), or one list of them"}),
 ]
 
 
@@ -300,10 +478,10 @@ class CompletionRequest(GenerationFields):
     """POST /v1/completions body (legacy text completions)."""
 
     prompt: Prompt
-    echo: bool | None = Field(default=None, description="only false")
-    suffix: str | None = Field(default=None, description="not supported")
-    best_of: int | None = Field(default=None, description="only 1")
-    logprobs: int | None = Field(default=None, description="not supported")
+    echo: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = Field(default=None, description="only false")
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null"})] = Field(default=None, description="not supported")
+    best_of: Annotated[Int | None, WithJsonSchema({"enum": [1, None]})] = Field(default=None, description="only 1")
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token")
 
     @field_validator("echo")
     @classmethod
@@ -313,12 +491,12 @@ class CompletionRequest(GenerationFields):
             raise unsupported("echo")
         return value
 
-    @field_validator("suffix", "logprobs")
+    @field_validator("suffix")
     @classmethod
-    def _absent(cls, value: Any, info: Any) -> Any:
-        """Not implemented; only null is accepted."""
+    def _absent(cls, value: Any, info: ValidationInfo) -> Any:
+        """Fill-in-the-middle is not served; only null is accepted."""
         if value is not None:
-            raise unsupported(info.field_name)
+            raise unsupported(info.field_name, "Fill-in-the-middle is not served; render the FIM prompt yourself.")
         return value
 
     @field_validator("best_of")
@@ -334,24 +512,36 @@ class CompletionRequest(GenerationFields):
         """The requested completion length, if any."""
         return self.max_tokens
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs were asked for (None: off)."""
+        return self.logprobs
+
 
 # ---- responses -------------------------------------------------------------------------------
 
 
 class Usage(BaseModel):
-    """Token counts of one request."""
+    """Token counts of one request (`*_details` as OpenAI sends them; no prompt cache yet, so 0 cached)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+    completion_tokens_details: dict[str, int] | None = None
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class AssistantMessage(BaseModel):
-    """The generated message of a non-streaming chat completion."""
+    """The generated message of a non-streaming chat completion (content is null when only tools are called)."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    reasoning_content: str | None = None  # left out of the JSON when None
+    tool_calls: list[dict[str, Any]] | None = None  # left out of the JSON when None
 
 
 class ChatChoice(BaseModel):
@@ -359,8 +549,8 @@ class ChatChoice(BaseModel):
 
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"]
+    logprobs: dict[str, Any] | None = None
+    finish_reason: FinishReason
 
 
 class ChatCompletionResponse(BaseModel):
@@ -381,6 +571,8 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -388,8 +580,8 @@ class ChatChunkChoice(BaseModel):
 
     index: int = 0
     delta: ChunkDelta
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -410,7 +602,7 @@ class CompletionChoice(BaseModel):
 
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 

@@ -19,7 +19,7 @@ from engine.api import (
     GenerationRequest,
     TokenEvent,
 )
-from server import errors
+from server import errors, policy
 from server.drain import Drain
 from server.errors import APIError
 from server.metrics import Metrics
@@ -47,6 +47,10 @@ class EngineLike(Protocol):
     ) -> list[int]: ...
 
     def encode_text(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def chat_template(self) -> str | None: ...
 
     def submit(self, request: GenerationRequest) -> Any: ...
 
@@ -92,12 +96,20 @@ class Runtime:
             names.add(self.settings.model)
         return names
 
-    def resolve_model(self, name: str, info: EngineInfo) -> str:
-        """The served model id for a requested name, or 404 model_not_found."""
-        if name in self.model_names(info):
+    def resolve_model(self, name: str | None, info: EngineInfo) -> str:
+        """The served model id for a requested name (none: the served model), or 404 model_not_found."""
+        if name is None or name in self.model_names(info):
             return info.model_id
         raise APIError(404, f"The model '{name}' does not exist; this server serves '{info.model_id}'.",
                        param="model", code="model_not_found")
+
+    def ignored_headers(self, names: list[str]) -> dict[str, str]:
+        """Log and count the request fields that were ignored; the response header that lists them."""
+        if not names:
+            return {}
+        policy.log_once(names)
+        self.metrics.ignored_fields(names)
+        return {policy.HEADER: policy.header_value(names)}
 
     def submit(self, engine: EngineLike, request: GenerationRequest) -> Any:
         """Admit a request (`engine.submit`), turning refusals into 400/429/503 with Retry-After."""

@@ -36,14 +36,19 @@ class ServerSettings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="CORS origins (comma-separated in the env); empty: CORS off"
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="extra Host names answered besides localhost (comma-separated in the env); '*': no Host check",
+    )
+    strict_params: bool = Field(default=False, description="refuse ignored request fields (OpenAI conformance)")
     max_queue: int = Field(default=16, ge=0, description="requests waiting behind the running one before 429")
     keepalive_s: float = Field(default=15.0, gt=0, description="stream silence before an SSE keep-alive comment")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body (else 413)")
     drain_grace_s: float = Field(default=30.0, ge=0, description="after SIGTERM, how long requests may still run")
 
-    @field_validator("allowed_origins", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod
-    def _split_origins(cls, value: Any) -> Any:
+    def _split(cls, value: Any) -> Any:
         """Accept `a,b` from the environment or the command line as well as a list."""
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]

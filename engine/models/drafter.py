@@ -6,8 +6,8 @@ m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
     cache = drafter.make_cache()                   # once per request: context K/V only
     h = drafter.backbone(ctx_new, block_ids, cache)  # ctx_new [1, c, m*d], block_ids [1, B] -> [1, B, d]
     hd = drafter.draft_hidden(h)[0]                # [max_drafts, d]; row k-1 drafts position p + k
-    U = drafter.base_logits(hd[k-1])               # [V]
-    bias = drafter.markov_bias(prev_ids)           # [n, V], prev = anchor for k = 1, else x_{k-1}
+    logits = draft_logits(drafter, hd[k-1:k], prev)  # [1, V] = U_k + B(x_{k-1}, h_k); prev [1] =
+                                                   # the anchor for k = 1, else the sampled x_{k-1}
     z = drafter.confidence_logits(hd, prev_ids)    # [n], pre-sigmoid (the engine applies STS)
 
 ``block_ids`` is ``[anchor, mask, ..., mask]`` at absolute positions ``[p, p+B)`` where
@@ -327,7 +327,11 @@ class Drafter(nn.Module):
         return bias.astype(mx.float32), state
 
     def markov_bias(self, prev_ids: mx.array, h: mx.array | None = None) -> mx.array:
-        """Stateless Markov bias W2 . W1[prev]: prev_ids [n] -> [n, V] float32 (vanilla / gated)."""
+        """Stateless Markov bias W2 . W1[prev]: prev_ids [n] -> [n, V] float32 (vanilla / gated).
+
+        ``h`` [n, d] is required by gated heads. Callers that form draft logits use `draft_logits`,
+        which always passes it.
+        """
         if self.has_markov and self.config.markov_head_type == "rnn":
             raise ValueError("the rnn Markov head is stateful: use markov_init_state / markov_step")
         return self.markov_step(prev_ids, h, None)[0]
@@ -354,6 +358,24 @@ class Drafter(nn.Module):
     def _check_block(self, block_ids: mx.array) -> None:
         if block_ids.ndim != 2 or block_ids.shape[1] != self.config.block_size:
             raise ValueError(f"block_ids must be [1, {self.config.block_size}], got {tuple(block_ids.shape)}")
+
+
+def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array,
+                 base: mx.array | None = None) -> mx.array:
+    """Draft logits U + B(prev, h) of draft rows: h_rows [n, d], prev_ids [n] -> [n, V] float32.
+
+    The single place a draft distribution is formed. Serving (`SpecDecoder._draft`), the cost
+    timer and the trainer's losses all call it, so no caller can hand a head fewer inputs than
+    training gave it: gated heads need ``h``, which an ad-hoc ``base + markov_bias(prev)``
+    dropped. ``prev_ids[i]`` is the token before the one row i drafts: the anchor for draft 1,
+    then the *sampled* previous draft when serving, the true previous token when training.
+    ``base`` [n, V] is ``drafter.base_logits(h_rows)`` when the caller already has it (serving
+    projects every row it will verify in one lm_head product); None computes it here.
+    """
+    logits = drafter.base_logits(h_rows) if base is None else base  # [n, V] float32
+    if drafter.has_markov:
+        logits = logits + drafter.markov_bias(prev_ids, h_rows)  # [n, V]
+    return logits
 
 
 def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:

@@ -22,7 +22,12 @@ DFLASH_ARCH = "DFlashDraftModel"
 LEGACY_DSPARK_ARCH = "DSparkDraftModel"
 SUPPORTED_ARCHITECTURES = (DEEPSPEC_ARCH, DFLASH_ARCH, LEGACY_DSPARK_ARCH)
 _GEMMA_ARCHS = ("Gemma4DSparkModel",)
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")  # every type DeepSpec checkpoints name
+# The rnn head's bias carries a recurrent state from draft to draft; neither the trainer nor the
+# round threads that state, so such a drafter is refused when its config is read, not mid-request.
+SERVABLE_MARKOV_HEAD_TYPES = ("vanilla", "gated")
+RNN_UNSUPPORTED = ("the rnn Markov head (markov_head_type 'rnn') is not supported: its stateful bias is not "
+                   "threaded through draft rounds or training; use a vanilla or gated drafter")
 
 # Geometry keys every config must carry; the rest have safe defaults.
 _REQUIRED_GEOMETRY = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -269,6 +274,8 @@ def _validate(cfg: DrafterConfig, raw: dict) -> None:
     if cfg.markov_rank < 0 or cfg.markov_head_type not in MARKOV_HEAD_TYPES:
         raise DrafterConfigError(f"bad Markov head: rank {cfg.markov_rank}, type {cfg.markov_head_type!r} "
                                  f"(types: {', '.join(MARKOV_HEAD_TYPES)})")
+    if cfg.markov_rank > 0 and cfg.markov_head_type not in SERVABLE_MARKOV_HEAD_TYPES:
+        raise DrafterConfigError(RNN_UNSUPPORTED)
     if cfg.confidence_head_with_markov and cfg.markov_rank == 0:
         raise DrafterConfigError("confidence_head_with_markov is set but markov_rank is 0")
     if cfg.sts_temperatures is not None and len(cfg.sts_temperatures) != cfg.max_drafts:

@@ -22,6 +22,8 @@ from engine.models.drafter_config import (
     DEEPSPEC_ARCH,
     DFLASH_ARCH,
     LEGACY_DSPARK_ARCH,
+    RNN_UNSUPPORTED,
+    SERVABLE_MARKOV_HEAD_TYPES,
     DrafterConfig,
     build_target_layer_ids,
 )
@@ -43,7 +45,7 @@ class TrainConfig:
     num_layers: int = 2  # draft decoder layers
     block_size: int = 7  # drafts per block (a zlab checkpoint stores block_size + 1 slots)
     markov_rank: int = 64  # dspark only; 0 for dflash
-    markov_head_type: str = "vanilla"  # "vanilla" | "gated" (rnn is not trainable here)
+    markov_head_type: str = "vanilla"  # "vanilla" | "gated" (rnn: not supported, see RNN_UNSUPPORTED)
     taps: tuple[int, ...] | None = None  # tapped target layers; None: spread 3 over the depth
     num_taps: int = 3
     mask_token_id: int | None = None  # None: chosen from the tokenizer's unused specials
@@ -76,8 +78,11 @@ class TrainConfig:
             raise ValueError(f"unknown layout {self.layout!r}; choose one of {LAYOUTS}")
         if self.resolved_layout == "zlab" and self.variant != "dflash":
             raise ValueError("the zlab layout has no Markov or confidence head: use it with --variant dflash")
-        if self.markov_head_type not in ("vanilla", "gated"):
-            raise ValueError("only the vanilla and gated Markov heads can be trained here")
+        if self.markov_head_type == "rnn":
+            raise ValueError(RNN_UNSUPPORTED)
+        if self.markov_head_type not in SERVABLE_MARKOV_HEAD_TYPES:
+            raise ValueError(f"unknown Markov head {self.markov_head_type!r}; choose one of "
+                             f"{SERVABLE_MARKOV_HEAD_TYPES}")
         if min(self.steps, self.batch, self.anchors, self.block_size, self.num_layers) < 1:
             raise ValueError("steps, batch, anchors, block_size and num_layers must be >= 1")
         if self.seq_len < self.block_size + 2:

@@ -21,19 +21,11 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from engine.models.drafter import Drafter
+from engine.models.drafter import Drafter, draft_logits
 from engine.train.batch import BlockBatch
 
 HeadFn = Callable[[mx.array], mx.array]
 _LOG2E = 1.4426950408889634
-
-
-def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array) -> mx.array:
-    """U + B(prev): [R, V] float32 draft logits of the rows (the distribution the engine samples)."""
-    logits = drafter.base_logits(h_rows)
-    if drafter.has_markov:
-        logits = logits + drafter.markov_bias(prev_ids, h_rows)
-    return logits
 
 
 def fast_exp(x: mx.array) -> mx.array:
@@ -64,7 +56,7 @@ def block_losses(drafter: Drafter, target_head: HeadFn, h_rows: mx.array, batch:
     a_ce, a_tv, a_conf = alphas
     w = batch.weights
     wsum = w.sum()
-    logits = draft_logits(drafter, h_rows, batch.prev_ids)  # [R, V]
+    logits = draft_logits(drafter, h_rows, batch.prev_ids)  # [R, V]: the distribution the engine samples
     q, logz = softmax_and_logz(logits)
     ce_rows = logz[:, 0] - mx.take_along_axis(logits, batch.labels[:, None], axis=-1)[:, 0]  # -log q(label)
     parts = {"ce": (w * ce_rows).sum() / wsum}

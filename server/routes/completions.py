@@ -6,8 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server import convert, generation
+from server.body import ignored
 from server.deps import CompletionBody, RuntimeDep
 from server.openapi import error_responses, ok_response, request_body
+from server.prompt import render_text
 
 router = APIRouter(tags=["completions"])
 
@@ -16,7 +18,7 @@ router = APIRouter(tags=["completions"])
     "/v1/completions",
     response_model=None,
     responses={**ok_response("CompletionResponse", "CompletionResponse"),
-               **error_responses(400, 401, 404, 413, 429, 500, 503)},
+               **error_responses(400, 401, 404, 413, 415, 421, 429, 500, 503)},
     openapi_extra=request_body("CompletionRequest"),
 )
 async def create_completion(request: Request, body: CompletionBody, runtime: RuntimeDep) -> Response:
@@ -26,9 +28,11 @@ async def create_completion(request: Request, body: CompletionBody, runtime: Run
     """
     engine, info = runtime.ready_engine()
     model = runtime.resolve_model(body.model, info)
-    prompt_ids = engine.encode_text(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    prompt_ids = await render_text(body.prompt, engine, info.context_length)
     request_id = convert.new_id("cmpl")
-    fmt = convert.CompletionFormatter(request_id, model, body.include_usage)
-    gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length)
+    fmt = convert.CompletionFormatter(request_id, model, body.include_usage, logprobs=body.num_logprobs is not None)
+    gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
+                                     logprobs=body.num_logprobs)
     job = generation.start(runtime, engine, gen, endpoint="completions")
-    return await generation.respond(runtime, job, fmt, request, stream=bool(body.stream))
+    headers = runtime.ignored_headers(ignored(request))
+    return await generation.respond(runtime, job, fmt, request, stream=bool(body.stream), headers=headers)

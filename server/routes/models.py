@@ -15,14 +15,14 @@ from server.runtime import Runtime
 router = APIRouter(tags=["models"])
 
 
-@router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503))
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 421, 503))
 async def list_models(runtime: RuntimeDep) -> dict[str, Any]:
     """The served model (one), with its drafter, mode, draft cap, sampler and context length."""
     _, info = runtime.ready_engine()
     return ModelList(data=[_card(runtime, info)]).model_dump(mode="json")
 
 
-@router.get("/v1/models/{model:path}", response_model=ModelCard, responses=error_responses(401, 404, 503))
+@router.get("/v1/models/{model:path}", response_model=ModelCard, responses=error_responses(401, 404, 421, 503))
 async def retrieve_model(model: str, runtime: RuntimeDep) -> dict[str, Any]:
     """One model by id (or an accepted alias); 404 model_not_found otherwise."""
     _, info = runtime.ready_engine()

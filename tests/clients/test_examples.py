@@ -182,14 +182,19 @@ def test_continue_config_talks_to_the_server(served):
 
 
 def test_zed_config_talks_to_the_server(served):
-    """Zed's config: default URL, a served model id, no tools (refused here), max_tokens within context."""
+    """Zed's config: default URL, a served model id, Zed's default capabilities but images (text-only model),
+    max_tokens within context; a request shaped as Zed sends it with those capabilities is served."""
     provider = json.loads((CLIENTS / "editors" / "zed-settings.json").read_text())
     (entry,) = provider["language_models"]["openai_compatible"].values()
     assert entry["api_url"] == DOCUMENTED_BASE_URL
     (model,) = entry["available_models"]
-    assert not any(model["capabilities"].values())
+    assert model["capabilities"] == {"tools": True, "images": False, "parallel_tool_calls": True,
+                                     "prompt_cache_key": True}
     assert model["max_tokens"] <= served.health["context_length"]
-    assert _ask(served, model=model["name"], max_tokens=2)["usage"]["completion_tokens"] == 2
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    reply = _ask(served, model=model["name"], max_tokens=2, tools=tools, tool_choice="auto",
+                 parallel_tool_calls=True, prompt_cache_key="thread-1")
+    assert reply["usage"]["completion_tokens"] == 2
 
 
 def test_documented_base_url_is_the_server_default():

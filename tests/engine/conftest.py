@@ -6,6 +6,9 @@ import mlx.core as mx
 import pytest
 
 from engine.models.drafter import Drafter
+from engine.models.drafter_config import normalize_drafter_config
+from engine.models.target import Target
+from tests.engine.smollm2_cases import geometry_config
 
 
 @pytest.fixture
@@ -20,3 +23,20 @@ def context_spy(monkeypatch) -> list[bool]:
 
     monkeypatch.setattr(Drafter, "project_context", spy)
     return calls
+
+
+@pytest.fixture(scope="module")
+def smollm2(default_target):
+    """(target, tokenizer, random DSpark drafter, random DFlash drafter) for SmolLM2."""
+    model, tok = default_target
+    target = Target(model, (2, 14, 26))
+    drafters = []
+    for layout in ("dspark", "dflash"):
+        mx.random.seed(5)
+        drafter = Drafter(normalize_drafter_config(geometry_config(layout)))
+        if drafter.needs_target_binding:
+            drafter.bind_target_model(model)
+        mx.eval(drafter.parameters())
+        drafters.append(drafter)
+    yield target, tok, *drafters
+    target._uninstall()  # the session's model is shared: leave its layers as they were

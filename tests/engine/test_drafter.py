@@ -25,7 +25,7 @@ from engine.loading.drafter import (
     save_drafter,
     target_base_name,
 )
-from engine.models.drafter import quantize_drafter
+from engine.models.drafter import Drafter, quantize_drafter
 from engine.models.drafter_config import (
     DrafterConfigError,
     build_target_layer_ids,
@@ -339,15 +339,18 @@ def test_markov_bias_and_confidence_match_their_formulas(deepspec):
     assert mx.allclose(drafter.confidence_logits(h, prev), expected, atol=1e-5)
 
 
-def test_gated_and_rnn_markov_heads_load_and_step(tmp_path):
-    """Gated and rnn Markov heads load with their extra tensors and follow the DeepSpec formulas."""
+def test_gated_loads_and_rnn_markov_head_is_refused_at_load_but_steps(tmp_path):
+    """Gated heads load with their extra tensors; rnn checkpoints are refused at load (not servable),
+    while the rnn head module itself still follows the DeepSpec formulas."""
     prev, h = mx.array([5, 9]), mx.random.normal((2, fx.HIDDEN), key=mx.random.key(4))
-    gated, _ = _load(fx.write_deepspec(tmp_path / "g", markov_head_type="gated"))
+    gated, gated_cfg = _load(fx.write_deepspec(tmp_path / "g", markov_head_type="gated"))
     head = gated.markov_head
     emb = head.markov_w1(prev)
     gate = mx.sigmoid(head.gate_proj(mx.concatenate([h, emb], axis=-1)))
     assert mx.allclose(gated.markov_bias(prev, h), head.markov_w2(gate * emb), atol=1e-5)
-    rnn, _ = _load(fx.write_deepspec(tmp_path / "r", markov_head_type="rnn"))
+    with pytest.raises(DrafterConfigError, match="rnn Markov head.*not supported"):
+        _load(fx.write_deepspec(tmp_path / "r", markov_head_type="rnn"))
+    rnn = Drafter(replace(gated_cfg, markov_head_type="rnn"))  # built directly: the loader refuses it
     state = rnn.markov_init_state(2)
     bias1, state = rnn.markov_step(prev, h, state)
     bias2, state = rnn.markov_step(prev, h, state)

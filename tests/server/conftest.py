@@ -70,7 +70,7 @@ def app(engine: FakeEngine):
 @pytest.fixture
 async def client(app):
     """An httpx client calling the app in-process."""
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         yield c
 
 
@@ -163,8 +163,9 @@ class AsgiCall:
     def start(self) -> AsgiCall:
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
                  "method": "POST", "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
-                 "query_string": b"", "root_path": "", "server": ("test", 80), "client": ("127.0.0.1", 1),
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(self.raw)).encode())]}
+                 "query_string": b"", "root_path": "", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+                 "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                             (b"content-length", str(len(self.raw)).encode())]}
         self.task = asyncio.ensure_future(self.app(scope, self._receive, self._send))
         return self
 

@@ -9,6 +9,7 @@ it is queued. It records submissions, encodings and cancels for the tests to ins
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -66,8 +67,12 @@ class FakeEngine:
     """Scripted stand-in for `engine.client.EngineClient`."""
 
     def __init__(self, script: Callable[[GenerationRequest], Script] = echo_script, *, state: str = "ready",
-                 info: EngineInfo = INFO, max_queue: int = 16, submit_error: EngineError | None = None) -> None:
+                 info: EngineInfo = INFO, max_queue: int = 16, submit_error: EngineError | None = None,
+                 template: str | None = None, encode_delay_s: float = 0.0, refuse_nul: bool = True) -> None:
         self.script = script
+        self.template = template  # the chat template source `chat_template()` reports
+        self.encode_delay_s = encode_delay_s  # a blocking sleep in every encode (a slow template or tokenizer)
+        self.refuse_nul = refuse_nul  # encode_text raises EngineInputError on "\x00" (an input the engine refuses)
         self._state = state
         self._info = info
         self.max_queue = max_queue
@@ -113,9 +118,16 @@ class FakeEngine:
         return self.encode_text(text)
 
     def encode_text(self, text: str) -> list[int]:
-        if "\x00" in text:
+        time.sleep(self.encode_delay_s)  # blocking on purpose: what a slow render does to its thread
+        if self.refuse_nul and "\x00" in text:
             raise EngineInputError("prompt contains a NUL character", param="messages")
         return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+    def chat_template(self) -> str | None:
+        return self.template
 
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> FakeHandle:
@@ -125,6 +137,7 @@ class FakeEngine:
             raise EngineDead(f"engine is dead: {self.dead_reason_text}")
         if self.submit_error is not None:
             raise self.submit_error
+        self._validate_ids(request)
         if len(request.prompt_ids) + request.max_tokens > self._info.context_length:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {self._info.context_length} tokens; the prompt has "
@@ -159,6 +172,14 @@ class FakeEngine:
         if handle in self._waiting:
             self._waiting.remove(handle)
             self._renumber()
+
+    def _validate_ids(self, request: GenerationRequest) -> None:
+        """Token ids within the vocabulary, as `EngineClient._validate` checks them (when it is known)."""
+        vocab = self._info.vocab_size
+        if vocab and any(not 0 <= t < vocab for t in request.prompt_ids):
+            raise EngineInputError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if vocab and any(not 0 <= t < vocab for t, _ in request.sampling.logit_bias):
+            raise EngineInputError(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
 
     # -- the "worker" ---------------------------------------------------------------------------
     def _renumber(self) -> None:

@@ -16,7 +16,7 @@ KEY = "sk-local-test"
 
 def _client(**overrides) -> httpx.AsyncClient:
     app = create_app(settings(**overrides), FakeEngine())
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
 
 
 async def test_missing_key_is_401():

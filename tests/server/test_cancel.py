@@ -25,7 +25,7 @@ def long_unless_probe(request) -> Script:
 async def _probe(app) -> None:
     """A follow-up request completes promptly."""
     t0 = time.monotonic()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         r = await c.post(CHAT, json=chat_body("probe"))
     assert r.status_code == 200 and time.monotonic() - t0 < 1.0
 
@@ -141,7 +141,8 @@ async def test_client_gone_while_uploading_is_not_a_server_error():
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"", "root_path": "", "headers": [],
-             "server": ("t", 80), "client": ("127.0.0.1", 1)}
+             "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
     await app(scope, receive, send)
     assert sent[0]["status"] == 499 and engine.submitted == []

@@ -74,7 +74,7 @@ async def test_roles_parts_and_template_kwargs(client, engine):
         {"role": "system", "content": "a\nb"},
         {"role": "user", "content": "q", "name": "ann"},
         {"role": "assistant", "content": "r"},
-        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+        {"role": "user", "content": "<tool_response>\n42\n</tool_response>"},  # no template: the Hermes form
     ]
     assert kwargs == {"enable_thinking": False}
 

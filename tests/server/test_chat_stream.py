@@ -20,7 +20,7 @@ def _app(script: Script, **overrides):
 async def _post(app, body):
     import httpx
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         return await c.post(CHAT, json=body)
 
 

@@ -82,7 +82,7 @@ async def test_cancelled_requests_are_counted():
     await wait_until(lambda: '"content":"t"' in call.body)
     call.disconnect.set()
     await call.finish()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         samples = await _scrape(c)
     assert _get(samples, "dspark_requests_total", endpoint="chat", outcome="cancelled") == 1
     assert _get(samples, "dspark_requests_running") == 0

@@ -128,7 +128,7 @@ def test_disconnect_frees_the_worker(served):
                        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}).encode()
     port = int(served.base_url.rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     received = b""
     while received.count(b'"content"') < 3:
