@@ -156,13 +156,15 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def validate(model: type[M], data: dict[str, Any], strict_params: bool = False) -> M:
+def validate(model: type[M], data: dict[str, Any], strict_params: bool = False,
+             unmodelled: list[str] | None = None) -> M:
     """`model.model_validate(data)` with the first error turned into an OpenAI 400.
 
-    Under `strict_params` a field the server would ignore is refused first (`server.policy`).
+    Under `strict_params` a field the server would ignore is refused first (`server.policy`);
+    `unmodelled` is `policy.unmodelled(model, data)` when the caller has it already.
     """
     if strict_params:
-        policy.refuse_unmodelled(model, data)
+        policy.refuse_unmodelled(data, policy.unmodelled(model, data) if unmodelled is None else unmodelled)
     try:
         return model.model_validate(data, context={"strict_params": strict_params})
     except ValidationError as exc:
@@ -179,8 +181,9 @@ def body_of(model: type[M], limit: Callable[[Request], int],
     async def dependency(request: Request) -> M:
         require_json(request)
         data = parse_json_object(await read_limited(request, limit(request)))
-        body = validate(model, data, strict(request))
-        request.state.ignored_fields = policy.field_names(policy.unmodelled(model, data))
+        unmodelled = policy.unmodelled(model, data)
+        body = validate(model, data, strict(request), unmodelled)
+        request.state.ignored_fields = policy.field_names(unmodelled)
         return body
 
     return dependency

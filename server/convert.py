@@ -90,7 +90,6 @@ class ChatFormatter:
         self.created = int(time.time())
         self._spec, self._logprobs = spec, logprobs
         self._parser = _parser(spec)
-        self._calls = 0
         self._pending: list[TokenLogprob] = []  # logprobs of text the parser still holds back
         self._token_ids: list[int] = []
         self._kinds: set[type] = set()  # the kinds of output events seen, for the reasoning count
@@ -119,7 +118,7 @@ class ChatFormatter:
 
     def _chunks(self, events: list[Any]) -> list[dict[str, Any]]:
         out = []
-        for ev in self._seen(events):
+        for ev in merge(events):
             choice = ChatChunkChoice(delta=self._delta_of(ev))
             if self._logprobs and self._pending:
                 choice.logprobs = lp.chat_logprobs(self._pending)
@@ -133,7 +132,6 @@ class ChatFormatter:
         if isinstance(ev, Reasoning):
             return ChunkDelta(reasoning_content=ev.text)
         if isinstance(ev, ToolCallStart):
-            self._calls += 1
             call = {"index": ev.index, "id": ev.id, "type": "function",
                     "function": {"name": ev.name, "arguments": ""}}
             return ChunkDelta(tool_calls=[call])
@@ -143,7 +141,7 @@ class ChatFormatter:
     def closing(self, finished: Finished) -> list[dict[str, Any]]:
         """Held-back text, the finish chunk (with `dspark_stats`), then the usage chunk if asked."""
         chunks = self._chunks(self._tail(finished))
-        finish = ChatChunkChoice(delta=ChunkDelta(), finish_reason=self._reason(finished, self._calls))
+        finish = ChatChunkChoice(delta=ChunkDelta(), finish_reason=self._reason(finished))
         if self._logprobs and self._pending:
             finish.logprobs = lp.chat_logprobs(self._pending)
         chunks.append(self._chunk([finish], dspark_stats=finished.stats.as_dict()))
@@ -158,14 +156,14 @@ class ChatFormatter:
         out: list[Any] = []
         for event in events:
             out += self._push(event)
-        message = accumulate(self._seen(out + self._tail(finished)))
+        message = accumulate(merge(out + self._tail(finished)))
         calls = message.tool_calls or None
         reply_message = AssistantMessage(content=message.content if message.content or not calls else None,
                                          reasoning_content=message.reasoning, tool_calls=calls)
         if reply_message.content is None and not calls:
             reply_message.content = ""
         items = [item for event in events for item in event.logprobs or []]
-        choice = ChatChoice(message=reply_message, finish_reason=self._reason(finished, len(calls or [])),
+        choice = ChatChoice(message=reply_message, finish_reason=self._reason(finished),
                             logprobs=lp.chat_logprobs(items) if self._logprobs else None)
         reply = ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
                                        usage=self._usage(finished),
@@ -176,29 +174,30 @@ class ChatFormatter:
 
     # ------------------------------------------------------------------ shared
 
-    @staticmethod
-    def _reason(finished: Finished, num_calls: int) -> str:
+    def _reason(self, finished: Finished) -> str:
         """`tool_calls` when the model stopped after calling tools, else the engine's reason."""
-        return "tool_calls" if num_calls and finished.reason == "stop" else finished.reason
+        return "tool_calls" if ToolCallStart in self._kinds and finished.reason == "stop" else finished.reason
 
     def _tail(self, finished: Finished) -> list[Any]:
         """The text released at the end, and whatever the parser still held back."""
-        return (self._parser.push(finished.text) if finished.text else []) + self._parser.finish()
+        return self._parse(finished.text) + self._noted(self._parser.finish())
 
     def _push(self, event: TokenEvent) -> list[Any]:
         """Parse one round's text, keeping the token counts the reasoning count needs."""
         self._token_ids += event.token_ids
-        out = self._parser.push(event.text) if event.text else []
-        if not self._kinds - {Reasoning} and all(isinstance(ev, Reasoning) for ev in out):
+        answered = bool(self._kinds - {Reasoning})
+        out = self._parse(event.text)
+        if not answered and all(isinstance(ev, Reasoning) for ev in out):
             self._before_answer += len(event.token_ids)
-        self._kinds.update(type(ev) for ev in out)
         return out
 
-    def _seen(self, events: list[Any]) -> list[Any]:
-        """`merge(events)`, noting which kinds of output appeared."""
-        merged = merge(events)
-        self._kinds.update(type(ev) for ev in merged)
-        return merged
+    def _parse(self, text: str) -> list[Any]:
+        return self._noted(self._parser.push(text) if text else [])
+
+    def _noted(self, events: list[Any]) -> list[Any]:
+        """`events`, with their kinds added to the kinds seen (the finish reason and reasoning count read them)."""
+        self._kinds.update(type(ev) for ev in events)
+        return events
 
     def _usage(self, finished: Finished) -> Usage:
         return usage(finished, self._reasoning_tokens() if self._spec.thinking else None)

@@ -82,9 +82,10 @@ def _nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
     return None, False
 
 
-def refuse_unmodelled(model: type[BaseModel], data: dict[str, Any]) -> None:
-    """Strict mode: a 400 for the first field the server would ignore (inert fields at their no-op pass)."""
-    for where in unmodelled(model, data):
+def refuse_unmodelled(data: dict[str, Any], paths: list[str]) -> None:
+    """Strict mode: a 400 for the first of `paths` (`unmodelled(model, data)`) that the server would
+    ignore; inert fields at their no-op value pass."""
+    for where in paths:
         if where in INERT:  # top-level names only: nested paths never match
             value, noop = data[where], INERT[where]
             if value is None or noop is ANY or (type(value) is type(noop) and value == noop):  # 0 is not false
