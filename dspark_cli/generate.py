@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 
 from dspark_cli.progress import stderr_progress
@@ -27,10 +26,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from engine.api import Finished, GenerationRequest, SamplingParams
+    from engine.api import EngineError, Finished, GenerationRequest, SamplingParams
+    from engine.generate import stream_generate
     from engine.runtime import build_runtime
     from engine.text import apply_chat_template
-    from engine.worker import run_request
 
     runtime = build_runtime(engine_config(args), stderr_progress)
     tok = runtime.tokenizer
@@ -42,20 +41,20 @@ def run(args) -> int:
                               min_p=args.min_p, seed=args.seed, sampler=args.sampler)
     request = GenerationRequest("cli", tuple(prompt), args.max_tokens, sampling)
     text, tokens = [], []
-
-    def emit(event) -> None:
-        tokens.extend(event.token_ids)
-        text.append(event.text)
-        if not args.json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-
     t0 = time.perf_counter()
-    result = run_request(runtime, request, threading.Event(), emit)
-    wall = time.perf_counter() - t0
-    if not isinstance(result, Finished):
-        print(f"error: {result.error}", file=sys.stderr)
+    try:
+        for result in stream_generate(runtime, request):
+            if isinstance(result, Finished):
+                break
+            tokens.extend(result.token_ids)
+            text.append(result.text)
+            if not args.json:
+                sys.stdout.write(result.text)
+                sys.stdout.flush()
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
+    wall = time.perf_counter() - t0
     text.append(result.text)
     summary = {"finish_reason": result.reason, "prompt_tokens": len(prompt), "wall_s": round(wall, 3),
                "model": runtime.info.model_id, "drafter": runtime.info.drafter, **result.stats.as_dict()}

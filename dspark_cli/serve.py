@@ -66,7 +66,7 @@ def run(args) -> int:
     print(f"dspark-serve loading the model; {settings.base_url()} answers /health with 503 until ready",
           flush=True)
     serve(settings, on_ready=announce)
-    from engine.worker import exit_process
+    from dspark_cli.process import exit_process
 
     exit_process(0)  # skip MLX's C++ static destructors, which can abort after worker-thread use
     return 0

@@ -5,7 +5,9 @@ Example (the default SmolLM2 target, Python docs, a short run):
     dspark train-drafter --data /usr/share/doc/python3.11/html/_sources/tutorial \\
         --out runs/smollm2-dspark --steps 2000 --block-size 7 --layers 2
 
-Interrupted runs continue with the same command plus ``--resume``.
+Interrupted runs continue with the same command plus ``--resume``. ``--recipe v2`` (the default)
+distils from the target's cached top-k with a position curriculum and a go/no-go gate (exit code 3
+when the gate stops the run; training.json says why); ``--recipe v1`` is the run-3 recipe.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def add_parser(sub) -> None:
     g.add_argument("--heldout", type=int, default=8, help="samples held out for evaluation")
     g.add_argument("--eval-prompts", default=None, metavar="JSONL",
                    help="held-out prompts for the real-rounds evaluation (default: prefixes of held-out samples)")
+    g.add_argument("--heldout-prompts", action="append", default=[], metavar="JSONL",
+                   help="held-out prompt files: text files in their path split or containing one of their "
+                        "passages are left out of training; repeatable")
+    g.add_argument("--heldout-text", type=int, default=0, metavar="N",
+                   help="also hold out the passages of the first N records of each --heldout-prompts file (raw "
+                        "text; the instruments and the gate score them)")
     g.add_argument("--num-eval-prompts", type=int, default=8)
     g.add_argument("--eval-max-tokens", type=int, default=64, help="tokens generated per evaluation prompt")
     d = p.add_argument_group("drafter")
@@ -59,12 +67,36 @@ def add_parser(sub) -> None:
     d.add_argument("--taps", type=_int_list, default=None, help="target layers to tap, e.g. 1,14,27")
     d.add_argument("--num-taps", type=int, default=3, help="taps spread over the target when --taps is not given")
     d.add_argument("--mask-token-id", type=int, default=None, help="default: an unused special token")
-    t = p.add_argument_group("optimisation")
+    t = p.add_argument_group("optimisation (flags left unset take the --recipe's value)")
+    t.add_argument("--recipe", choices=["v1", "v2"], default="v2",
+                   help="v1: run 3's 0.1 CE + 0.9 TV; v2: distillation + hidden regression with a position "
+                        "curriculum, Markov head frozen early, AdamW with decay, instruments and a go/no-go gate")
     t.add_argument("--steps", type=int, default=1000)
-    t.add_argument("--batch", type=int, default=2, help="sequences per step")
-    t.add_argument("--anchors", type=int, default=64, help="anchor blocks per sequence")
-    t.add_argument("--lr", type=float, default=6e-4)
-    t.add_argument("--warmup", type=float, default=0.04, help="warm-up fraction of the steps")
+    t.add_argument("--batch", type=int, default=argparse.SUPPRESS, help="sequences per step (v1 2, v2 8)")
+    t.add_argument("--anchors", type=int, default=argparse.SUPPRESS, help="anchor blocks per sequence (v1 64, v2 32)")
+    t.add_argument("--lr", type=float, default=argparse.SUPPRESS, help="peak learning rate (v1 6e-4, v2 2e-3)")
+    t.add_argument("--warmup", type=float, default=argparse.SUPPRESS, help="warm-up fraction of the steps (v1 0.04, v2 0.03)")
+    t.add_argument("--weight-decay", type=float, default=argparse.SUPPRESS, help="AdamW weight decay (v1 0, v2 0.05)")
+    t.add_argument("--beta2", type=float, default=argparse.SUPPRESS, help="AdamW beta2 (v1 0.999, v2 0.95)")
+    t.add_argument("--min-lr-frac", type=float, default=argparse.SUPPRESS, help="cosine floor as a fraction of --lr (v1 0, v2 0.1)")
+    t.add_argument("--objective", choices=["ce_tv", "kd"], default=argparse.SUPPRESS,
+                   help="ce_tv: 0.1 CE + 0.9 TV; kd: KL to the target over {top-k, label, rest} + hidden regression")
+    t.add_argument("--hidden-weight", type=float, default=argparse.SUPPRESS, help="kd: weight of 1 - cos(h_draft, h_target)")
+    t.add_argument("--hidden-center", choices=["mean", "none"], default="mean",
+                   help="kd: compare hidden states after subtracting the target's mean state (a constant vector "
+                        "then scores nothing)")
+    t.add_argument("--regress-steps", type=int, default=argparse.SUPPRESS, help="kd: first steps on the hidden regression alone")
+    t.add_argument("--early-steps", type=int, default=argparse.SUPPRESS,
+                   help="kd: steps on draft positions <= --early-positions, Markov head frozen (v2: 0.6 x steps)")
+    t.add_argument("--early-positions", type=int, default=2)
+    t.add_argument("--final-steps", type=int, default=argparse.SUPPRESS,
+                   help="kd: last steps that add TV and the confidence head (v2: 0.1 x steps)")
+    t.add_argument("--markov-lr-mult", type=float, default=argparse.SUPPRESS, help="kd: Markov head lr / lr after the early phase")
+    t.add_argument("--instrument-every", type=int, default=argparse.SUPPRESS, help="steps between instrument reports (0 = none)")
+    t.add_argument("--gate-core-hours", type=float, default=argparse.SUPPRESS,
+                   help="go/no-go after this much CPU time in the early phase (0 = no gate)")
+    t.add_argument("--gate-min-match", type=float, default=0.38,
+                   help="the gate's teacher-forced held-out greedy match at draft position 1")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--tap-scale", choices=["rms", "none"], default="rms",
                    help="train fc on taps scaled to unit RMS per feature (folded into fc when saved; "
@@ -79,10 +111,39 @@ def add_parser(sub) -> None:
     o.add_argument("--no-feature-cache", action="store_true", help="recompute target features every step")
     o.add_argument("--feature-dtype", choices=["float32", "float16"], default="float32",
                    help="storage dtype of the feature cache (training always computes in float32)")
+    o.add_argument("--features-dir", type=Path, default=None,
+                   help="feature cache directory, shareable between runs on the same data (default OUT/features)")
+    o.add_argument("--topk", type=int, default=argparse.SUPPRESS,
+                   help="keep the target's top-k ids and log-probs per row in the cache (kd needs it; v2 32)")
+    o.add_argument("--extract-only", action="store_true",
+                   help="build the samples and fill the feature cache, then stop (no training)")
+    o.add_argument("--train-chunks", type=int, default=None, metavar="N",
+                   help="train on the samples of the first N feature-cache chunks only (default all)")
+    o.add_argument("--grow-every", type=int, default=0, metavar="S",
+                   help="with --train-chunks N: start on N chunks and widen the window by one chunk every S steps "
+                        "(train while another process fills the cache; a missing chunk is computed here)")
     o.add_argument("--save-dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     o.add_argument("--sts-temperature", type=float, default=0.0,
                    help="sampling temperature of the STS calibration rounds (0 = greedy)")
     p.set_defaults(run=run)
+
+
+def recipe_values(args) -> dict:
+    """The optimisation settings: the --recipe's, overridden by every flag given explicitly."""
+    from engine.train.config import RECIPES
+
+    out = dict(RECIPES[args.recipe])
+    # Recipe flags have no parser default (argparse.SUPPRESS): an attribute exists only when given.
+    flags = {"batch": "batch", "anchors": "anchors", "lr": "lr", "warmup_frac": "warmup",
+             "weight_decay": "weight_decay", "beta2": "beta2", "min_lr_frac": "min_lr_frac", "objective": "objective",
+             "topk": "topk", "hidden_weight": "hidden_weight", "regress_steps": "regress_steps",
+             "markov_lr_mult": "markov_lr_mult", "instrument_every": "instrument_every",
+             "gate_core_hours": "gate_core_hours"}
+    out.update({key: getattr(args, flag) for key, flag in flags.items() if hasattr(args, flag)})
+    early, final = out.pop("early_frac"), out.pop("final_frac")
+    out["early_steps"] = getattr(args, "early_steps", int(round(early * args.steps)))
+    out["final_steps"] = getattr(args, "final_steps", int(round(final * args.steps)))
+    return out
 
 
 def configs(args):
@@ -93,16 +154,19 @@ def configs(args):
     cfg = TrainConfig(
         out=args.out, variant=args.variant, layout=args.layout, num_layers=args.layers, block_size=args.block_size,
         markov_rank=args.markov_rank, markov_head_type=args.markov_head, taps=args.taps, num_taps=args.num_taps,
-        mask_token_id=args.mask_token_id, steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr,
-        warmup_frac=args.warmup, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
+        mask_token_id=args.mask_token_id, steps=args.steps, **recipe_values(args),
+        early_positions=args.early_positions, hidden_center=args.hidden_center,
+        gate_min_match=args.gate_min_match, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
         log_every=args.log_every, seed=args.seed, feature_cache=not args.no_feature_cache,
         feature_dtype=args.feature_dtype, eval_max_tokens=args.eval_max_tokens,
         sts_temperature=args.sts_temperature, save_dtype=args.save_dtype,
-        tap_scale=args.tap_scale)
+        tap_scale=args.tap_scale, features_dir=args.features_dir, train_chunks=args.train_chunks,
+        grow_every=args.grow_every)
     data = DataConfig(
         text=tuple(args.data), exclude=tuple(args.exclude), chat_prompts=tuple(args.chat_prompts),
         continuations=args.generate_continuations, gen_temperature=args.gen_temperature, gen_batch=args.gen_batch, max_samples=args.max_samples,
-        heldout=args.heldout, eval_prompts=args.eval_prompts, num_eval_prompts=args.num_eval_prompts)
+        heldout=args.heldout, eval_prompts=args.eval_prompts, num_eval_prompts=args.num_eval_prompts,
+        heldout_prompts=tuple(args.heldout_prompts), heldout_text=args.heldout_text)
     return cfg, data
 
 
@@ -115,13 +179,20 @@ def run(args) -> int:
         return 2
     try:
         cfg, data = configs(args)
-        report = pipeline.run(cfg, data, args.model, resume=args.resume, stop_after=args.stop_after)
+        report = pipeline.run(cfg, data, args.model, resume=args.resume, stop_after=args.stop_after,
+                              extract_only=args.extract_only)
     except TrainingStopped as exc:
         print(f"paused: {exc}", file=sys.stderr)
         return 0
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.extract_only:
+        print(json.dumps(report, indent=1))
+        return 0
+    if report.get("stopped"):  # the go/no-go gate failed: training.json says why
+        print(f"stopped: {report['stopped']}", file=sys.stderr)
+        return 3
     print(json.dumps({"out": str(cfg.out), "steps": report["train"]["steps"], "heldout": _summary(report)}, indent=1))
     return 0
 

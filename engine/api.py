@@ -1,13 +1,17 @@
 """Public types of the engine: configuration, requests, events and errors. Dataclasses only.
 
-Vocabulary (vLLM's words, used throughout the engine):
-    target    the model whose output we promise (verified every round)
-    drafter   the small model that proposes a block of tokens from the target's hidden states
-    round     one draft -> verify -> accept -> roll back cycle
-    k         number of draft tokens verified in a round (`num_draft_tokens`)
-    accepted  draft tokens the accept rule kept
-    recovered the token sampled from the residual distribution after a rejection
-    bonus     the extra target token after all k drafts were accepted
+Vocabulary (vLLM's words, used throughout the engine; docs/method.md has the method):
+    target      the model whose output we promise (verified every round)
+    drafter     the small model that proposes a block of tokens from the target's hidden states
+    round       one draft -> verify -> accept -> roll back cycle
+    num_draft   draft tokens verified in a round (`l` in formulas); 0 is a plain decode step
+    cap         the most drafts a round may verify (`--max-draft`; `auto` picks it per round)
+    max_drafts  the most drafts one drafter pass can propose (its block size, less one for z-lab
+                DFlash): the largest cap
+    slot        a draft's 1-based place in the round: slot k drafts position anchor + k
+    accepted    draft tokens the accept rule kept (`num_accepted`)
+    recovered   the token sampled from the residual distribution after a rejection
+    bonus       the extra target token after all drafts were accepted
 
 Every request produces zero or more `TokenEvent`s (one per round) and then exactly one terminal
 event: `Finished` or `Failed`. Nothing raises across the worker thread boundary; errors are values.
@@ -16,10 +20,11 @@ event: `Finished` or `Failed`. Nothing raises across the worker thread boundary;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 Mode = Literal["dspark", "dflash", "baseline"]
 SamplerName = Literal["rejection", "seed-stable"]
+WorkerState = Literal["loading", "ready", "dead"]
 FinishReason = Literal["stop", "length"]
 
 MODES: tuple[str, ...] = ("dspark", "dflash", "baseline")
@@ -203,7 +208,7 @@ class Failed:
     error: EngineError
 
 
-Event = Union[TokenEvent, Finished, Failed]
+Event = TokenEvent | Finished | Failed
 
 
 class EngineError(Exception):

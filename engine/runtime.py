@@ -17,11 +17,13 @@ from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
 from engine.models.target import Target
-from engine.scheduler import AUTO_PRIOR, AutoScheduler, Scheduler, ThresholdScheduler
+from engine.scheduler import AUTO_PRIOR, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
+from engine.seams import DrafterLike, TokenizerLike
 
 log = logging.getLogger(__name__)
 
-# Drafters we train and ship for the embedded default model (issue 4), by mode.
+# Drafters we train and ship for the embedded default model, by mode (none is shipped yet: a
+# drafter ships only when it pays, see docs/drafter-runs/).
 SHIPPED_DIR = Path(__file__).resolve().parent / "drafters"
 SHIPPED_DRAFTERS = {"dspark": "smollm2-135m-dspark", "dflash": "smollm2-135m-dflash"}
 
@@ -35,12 +37,13 @@ class Runtime:
     """Loaded models and the decisions derived from them."""
 
     target: Target
-    drafter: object | None
-    tokenizer: object
-    info: EngineInfo
+    drafter: DrafterLike | None
+    tokenizer: TokenizerLike
+    info: EngineInfo  # what is reported (/health, /v1/models); never read back as configuration
     eos_ids: frozenset[int]
     spec: SpecConfig
-    curve: object | None = None
+    curve: CostCurve | None = None  # measured round costs (every speculative mode)
+    cap: int | None = None  # fixed cap, or auto's starting cap; None in baseline mode
 
     @property
     def decode_threads(self) -> int | None:
@@ -51,7 +54,7 @@ class Runtime:
         """A fresh per-request scheduler (None in baseline mode)."""
         if self.drafter is None:
             return None
-        cap = self.info.cap or 1
+        cap = self.cap or 1
         spec, has_conf = self.spec, self.drafter.has_confidence
         if spec.max_draft == "auto" and self.curve is not None:
             return AutoScheduler(self.drafter.config.max_drafts, self.curve, use_confidence=has_conf)
@@ -75,7 +78,7 @@ def _drafter_source(spec: SpecConfig, model: str | None) -> str | None:
     return lookup_published_drafter(model, spec.mode) if model else None
 
 
-def _load_drafter(source: str, target: Target, model, quantize: str | None) -> object:
+def _load_drafter(source: str, target: Target, model, quantize: str | None) -> DrafterLike:
     args = model.args if hasattr(model, "args") else None
     drafter, cfg = load_drafter(
         source, target_vocab_size=target.vocab_size, target_num_layers=target.num_layers,
@@ -109,20 +112,20 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     if drafter is not None:
         # Every speculative mode gets the measured curve: `auto` chooses caps with it, and all of
         # them decode at its BLAS thread count (cached per machine, so measured once).
-        max_len = drafter.config.max_drafts
-        curve = load_or_measure(target, drafter, str(path), source, max_len)
-        cap = initial_auto_cap(curve, max_len) if spec.max_draft == "auto" else min(int(spec.max_draft), max_len)
+        max_drafts = drafter.config.max_drafts
+        curve = load_or_measure(target, drafter, str(path), source, max_drafts)
+        cap = initial_auto_cap(curve, max_drafts) if spec.max_draft == "auto" else min(int(spec.max_draft), max_drafts)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
-        context_length=_context_length(model, tokenizer), sampler=spec.sampler, vocab_size=target.vocab_size,
+        context_length=_context_length(model), sampler=spec.sampler, vocab_size=target.vocab_size,
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note,
     )
-    return Runtime(target, drafter, tokenizer, info, _eos_ids(tokenizer), spec, curve)
+    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap)
 
 
-def initial_auto_cap(curve, max_len: int) -> int:
+def initial_auto_cap(curve: CostCurve, max_drafts: int) -> int:
     """The cap `auto` reports before any round: the curve's best at the scheduler's prior acceptance."""
-    return curve.best_cap([AUTO_PRIOR] * max_len, max_len)[0] or 1
+    return curve.best_cap([AUTO_PRIOR] * max_drafts, max_drafts)[0] or 1
 
 
 def with_fresh_curve(runtime: Runtime) -> Runtime:
@@ -131,10 +134,13 @@ def with_fresh_curve(runtime: Runtime) -> Runtime:
 
     if runtime.curve is None:
         return runtime
-    max_len = runtime.drafter.config.max_drafts
-    curve = load_or_measure(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_len,
+    max_drafts = runtime.drafter.config.max_drafts
+    curve = load_or_measure(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_drafts,
                             refresh=True)
-    return replace(runtime, curve=curve, info=replace(runtime.info, cap=initial_auto_cap(curve, max_len)))
+    if runtime.spec.max_draft != "auto":
+        return replace(runtime, curve=curve)
+    cap = initial_auto_cap(curve, max_drafts)
+    return replace(runtime, curve=curve, cap=cap, info=replace(runtime.info, cap=cap))
 
 
 def load_drafter_config_taps(source: str) -> tuple[int, ...]:
@@ -144,14 +150,15 @@ def load_drafter_config_taps(source: str) -> tuple[int, ...]:
     return read_drafter_config(resolve_drafter_path(source)).target_layer_ids
 
 
-def _eos_ids(tokenizer) -> frozenset[int]:
+def eos_ids(tokenizer: TokenizerLike) -> frozenset[int]:
+    """The tokenizer's end-of-sequence ids (all of them, for tokenizers that list several)."""
     ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
 
 
-def _context_length(model, tokenizer) -> int:
+def _context_length(model) -> int:
     args = getattr(model, "args", None)
     for name in ("max_position_embeddings", "max_seq_len", "context_length"):
         value = getattr(args, name, None)

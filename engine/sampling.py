@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-# Temperatures at or below this are treated as greedy (spec §1.7 step 7).
+# Temperatures at or below this are treated as greedy (as mlx-lm and vLLM do).
 GREEDY_TEMPERATURE = 1e-5
 
 # A residual with less mass than this is float32 rounding of p - q (p == q numerically); sampling
@@ -160,13 +160,8 @@ def mix_key(seed: int, *counters: int) -> mx.array:
     return mx.random.key(h)
 
 
-def sample_from_logprobs(logprobs: mx.array, key: mx.array) -> int:
-    """Draw one token id from the categorical distribution with log-probabilities [V]."""
-    return categorical_token(logprobs, key).item()
-
-
 def categorical_token(logprobs: mx.array, key: mx.array) -> mx.array:
-    """`sample_from_logprobs` as a lazy scalar array (nothing is evaluated)."""
+    """One token id drawn from log-probabilities [V], as a lazy scalar array (`.item()` reads it)."""
     return mx.random.categorical(logprobs, key=key)
 
 
@@ -182,7 +177,7 @@ def sample_draft(
     if s.greedy:
         return mx.argmax(logits, axis=-1).item(), None
     logq = process_logits(logits, s)  # [V]
-    return sample_from_logprobs(logq, key), logq
+    return categorical_token(logq, key).item(), logq
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +249,7 @@ def _num_accepted(
 def _recover(logp: mx.array, logq: mx.array, key: mx.array) -> int:
     # logp, logq: [V]; sample the recovered token from norm(max(0, p - q)).
     residual = residual_probs(mx.exp(logp), mx.exp(logq))  # [V]
-    return sample_from_logprobs(mx.log(residual), key)
+    return categorical_token(mx.log(residual), key).item()
 
 
 def _bonus(
@@ -267,7 +262,7 @@ def _bonus(
 
     Takes the full round so a test can swap in wrong variants (resample from q, repeat a draft).
     """
-    return sample_from_logprobs(target_logprobs[len(draft_ids)], key)
+    return categorical_token(target_logprobs[len(draft_ids)], key).item()
 
 
 def residual_probs(p: mx.array, q: mx.array) -> mx.array:
@@ -297,13 +292,9 @@ def gumbel_noise(seed: int, position: int, vocab: int) -> mx.array:
     return mx.random.gumbel(shape=(vocab,), key=mix_key(seed, position, _GUMBEL_STREAM))
 
 
-def seed_stable_sample(target_logprobs_row: mx.array, seed: int, position: int) -> int:
-    """Sample the token at `position` as argmax(logp + g(seed, position)), an exact draw from p."""
-    return seed_stable_token(target_logprobs_row, seed, position).item()
-
-
 def seed_stable_token(target_logprobs_row: mx.array, seed: int, position: int) -> mx.array:
-    """`seed_stable_sample` as a lazy scalar array (nothing is evaluated)."""
+    """The token at `position` as argmax(logp + g(seed, position)), an exact draw from p; a lazy
+    scalar array (`.item()` reads it)."""
     vocab = target_logprobs_row.shape[-1]
     return mx.argmax(target_logprobs_row + gumbel_noise(seed, position, vocab))
 
@@ -314,7 +305,7 @@ def seed_stable_accept(
     """Seed-stable verification: accept while each draft equals the target's seed-stable sample.
 
     `target_logprobs` [l+1, V]; row k is the distribution of the token at absolute position
-    first_position + k. The target token of row k is `seed_stable_sample(row k, seed, position)`,
+    first_position + k. The target token of row k is `seed_stable_token(row k, seed, position)`,
     so the emitted tokens are exactly what plain seed-stable decoding emits for this seed, for any
     draft and any draft length. Returns (num_accepted, next_token).
     """

@@ -1,6 +1,6 @@
 """Speculative decoding of one request: prefill, then draft -> verify -> accept -> roll back rounds.
 
-State after every round (spec section 6.2), with `committed` = prompt + generated tokens:
+State after every round (docs/method.md, "The round"), with `committed` = prompt + generated tokens:
     target cache length            == len(committed) - 1   (all but the pending anchor)
     draft context cached + pending == len(committed) - 1
     anchor                          == committed[-1]
@@ -23,38 +23,44 @@ import mlx.core as mx
 from engine import sampling
 from engine.api import SpecStats
 from engine.models.drafter import draft_logits
-from engine.models.target import Target, cache_length, trim_cache
+from engine.models.target import Target, cache_length, fork_cache, trim_cache
 from engine.processors import LogitProcessor, ProcessorSettings
+from engine.samplers import Sampler
 from engine.scheduler import Scheduler
+from engine.seams import DrafterLike
 
 PREFILL_CHUNK = 512
-# Counter streams of the request's seed, so draft, accept and baseline draws never share noise.
-_STREAM_TARGET, _STREAM_DRAFT, _STREAM_ACCEPT = 11, 12, 13
 
 
 @dataclass
 class DecodeOptions:
     """Per-request decoding choices."""
 
-    settings: sampling.SamplerSettings
-    sampler: str  # "rejection" | "seed-stable" (ignored when greedy)
-    seed: int
+    sampler: Sampler  # target draw, draft draw and accept rule (`engine.samplers.make_sampler`)
     stop_ids: frozenset[int]
     processors: ProcessorSettings = ProcessorSettings()  # penalties and logit bias (default: off)
     logprobs: int | None = None  # None: off; n: raw target logprob of each committed token + top n
 
 
 class SpecDecoder:
-    """Decodes one request; `drafter=None` is baseline mode (plain target decoding)."""
+    """Decodes one request; `drafter=None` is baseline mode (plain target decoding).
 
-    def __init__(self, target: Target, drafter, scheduler: Scheduler | None, opts: DecodeOptions, stats: SpecStats):
+    Use: `prefill(prompt)` then `step(budget)` until `done`. `read_prompt` + `first_token` are
+    prefill's two halves; between them `fork` gives decoders that share the prompt's forward pass
+    but draw their own tokens (tests draw thousands of generations from one prompt this way).
+    """
+
+    def __init__(self, target: Target, drafter: DrafterLike | None, scheduler: Scheduler | None,
+                 opts: DecodeOptions, stats: SpecStats):
         self.target, self.drafter, self.scheduler, self.opts, self.stats = target, drafter, scheduler, opts, stats
+        self.sampler = opts.sampler
         self.committed: list[int] = []
         self.target_cache = target.make_cache()
         self.draft_cache = drafter.make_cache() if drafter is not None else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
         # The next plain step's (lazy token, raw logits row [V]), its forward queued.
         self._ahead: tuple[mx.array, mx.array] | None = None
+        self._prompt_row: mx.array | None = None  # [V] the prompt's last logits, until first_token
         self.done = False
         vocab = target.vocab_size if opts.processors.active else 0  # no arrays when off
         self.processor = LogitProcessor(opts.processors, vocab)
@@ -70,6 +76,13 @@ class SpecDecoder:
     def prefill(self, prompt_ids: list[int]) -> list[int]:
         """Run the prompt through the target and commit the first token; returns [token]."""
         t0 = time.perf_counter()
+        self.read_prompt(prompt_ids)
+        new = self.first_token()
+        self.stats.time_prefill_s += time.perf_counter() - t0
+        return new
+
+    def read_prompt(self, prompt_ids: list[int]) -> None:
+        """The prompt's target forward pass (in chunks), filling the caches; nothing is sampled."""
         ids = mx.array(prompt_ids)[None]  # [1, P]
         taps = []
         for start in range(0, len(prompt_ids), PREFILL_CHUNK):
@@ -81,11 +94,27 @@ class SpecDecoder:
         self.ctx_pending = mx.concatenate(taps, axis=1) if taps else None
         self.committed[:] = prompt_ids
         self.processor.add_prompt(prompt_ids)
-        token = self._sample_target(last, position=len(prompt_ids))
+        self._prompt_row = last
+
+    def first_token(self) -> list[int]:
+        """Sample and commit the token after the prompt read by `read_prompt`; returns [token]."""
+        row, self._prompt_row = self._prompt_row, None
+        token = self._target_token(row, position=len(self.committed)).item()
         new = self._commit([token])
-        self.last_logprobs = self._logprobs(last[None], new)
-        self.stats.time_prefill_s += time.perf_counter() - t0
+        self.last_logprobs = self._logprobs(row[None], new)
         return new
+
+    def fork(self, opts: DecodeOptions, scheduler: Scheduler | None, stats: SpecStats) -> SpecDecoder:
+        """A decoder in this one's state after `read_prompt` (caches copied) that samples with `opts`."""
+        if self._prompt_row is None:
+            raise RuntimeError("fork() is only possible between read_prompt() and first_token()")
+        other = type(self)(self.target, self.drafter, scheduler, opts, stats)
+        other.target_cache = [fork_cache(c) for c in self.target_cache]
+        other.ctx_pending = self.ctx_pending  # MLX arrays are immutable: sharing is safe
+        other.committed[:] = self.committed
+        other.processor.add_prompt(self.committed)
+        other._prompt_row = self._prompt_row
+        return other
 
     # ------------------------------------------------------------------ rounds
 
@@ -96,7 +125,7 @@ class SpecDecoder:
         if not self.scheduler.wants_draft() or self._ahead is not None:
             return self._plain_step(queue_next=budget > 1 and self.scheduler.next_is_plain())
         t0 = time.perf_counter()
-        draft_ids, draft_logprobs = self._draft(limit=budget - 1)
+        draft_ids, draft_logprobs = self.draft(limit=budget - 1)
         t1 = time.perf_counter()
         logits, taps = self._verify(draft_ids)
         t2 = time.perf_counter()
@@ -144,8 +173,9 @@ class SpecDecoder:
         mx.async_eval(token, taps)
         return token, row
 
-    def _draft(self, limit: int) -> tuple[list[int], mx.array | None]:
-        """Sample up to `limit` drafts sequentially (Markov bias uses the *sampled* previous token)."""
+    def draft(self, limit: int) -> tuple[list[int], mx.array | None]:
+        """This round's drafts: up to `limit` ids, sampled one by one, and their log q [l, V] (None
+        when the accept rule needs no q). The Markov bias uses the *sampled* previous token."""
         anchor, p = self.committed[-1], len(self.committed) - 1
         cfg = self.drafter.config
         block = mx.array([[anchor] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # [1, B]
@@ -167,7 +197,7 @@ class SpecDecoder:
                                None if lazy else base[k - 1 : k])[0]  # [V]
             # Processed before sampling, so logq is exactly the q this draft is drawn from.
             row = self.processor.apply(row, ids)  # history: committed + drafts[:k-1]
-            prev, logq = self._sample_draft(row, position=p + k)
+            prev, logq = self.sampler.draft_token(row, position=p + k)
             ids.append(prev)
             logq_rows.append(logq)
         logq_all = mx.stack(logq_rows) if logq_rows and logq_rows[0] is not None else None
@@ -191,15 +221,8 @@ class SpecDecoder:
         return logits[0], taps
 
     def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
-        s, p = self.opts.settings, len(self.committed) - 1
         x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]
-        if s.greedy:
-            return sampling.greedy_accept(draft_ids, x)
-        logp = sampling.process_logits(x, s)  # [l+1, V]
-        if self.opts.sampler == "seed-stable":
-            return sampling.seed_stable_accept(draft_ids, logp, self.opts.seed, p + 1)
-        key = sampling.mix_key(self.opts.seed, _STREAM_ACCEPT, p)
-        return sampling.rejection_accept(draft_ids, draft_logprobs, logp, key)
+        return self.sampler.accept(draft_ids, draft_logprobs, x, anchor=len(self.committed) - 1)
 
     def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array) -> None:
         """Keep anchor + accepted rows in the target cache; they become the next draft context."""
@@ -208,28 +231,11 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ sampling helpers
 
-    def _sample_target(self, logits: mx.array, position: int) -> int:
-        """Plain target sample for `position` (prefill's first token and baseline mode)."""
-        return self._target_token(logits, position).item()
-
     def _target_token(self, logits: mx.array, position: int, pending: mx.array | None = None) -> mx.array:
-        """`_sample_target` as a lazy scalar array: the same draw, not yet evaluated.
+        """The plain target draw for `position` as a lazy scalar (not yet evaluated).
 
         logits [V]; the processors' history is the committed tokens plus `pending` [1] if given."""
-        s = self.opts.settings
-        x = self.processor.apply(logits, pending)  # [V]
-        if s.greedy:
-            return mx.argmax(x)
-        logp = sampling.process_logits(x, s)
-        if self.opts.sampler == "seed-stable":
-            return sampling.seed_stable_token(logp, self.opts.seed, position)
-        return sampling.categorical_token(logp, sampling.mix_key(self.opts.seed, _STREAM_TARGET, position))
-
-    def _sample_draft(self, logits: mx.array, position: int) -> tuple[int, mx.array | None]:
-        s = self.opts.settings
-        if not s.greedy and self.opts.sampler == "seed-stable":
-            return sampling.seed_stable_draft(logits, s, self.opts.seed, position), None
-        return sampling.sample_draft(logits, s, sampling.mix_key(self.opts.seed, _STREAM_DRAFT, position))
+        return self.sampler.target_token(self.processor.apply(logits, pending), position)
 
     # ------------------------------------------------------------------ bookkeeping
 

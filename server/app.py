@@ -20,7 +20,7 @@ from server import errors, metrics, openapi
 from server.errors import APIError
 from server.middleware import ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
 from server.routes import chat, completions, health, models
-from server.runtime import EngineLike, Runtime
+from server.runtime import AppState, EngineLike
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,11 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
                on_ready: ReadyHook | None = None) -> FastAPI:
     """The app; `engine` replaces the real engine client (it is then neither started nor owned)."""
     settings = settings or ServerSettings()
-    runtime = Runtime(settings, engine)
+    app_state = AppState(settings, engine)
     app = FastAPI(title="dspark-serve", version="0.1.0", description=DESCRIPTION,
-                  lifespan=_make_lifespan(runtime, owns_engine=engine is None, on_ready=on_ready))
-    app.state.runtime = runtime
-    errors.install(app, on_error=lambda request, exc: _count_refusal(runtime, request, exc))
+                  lifespan=_make_lifespan(app_state, owns_engine=engine is None, on_ready=on_ready))
+    app.state.app_state = app_state
+    errors.install(app, on_error=lambda request, exc: _count_refusal(app_state, request, exc))
     for module in (chat, completions, models, health):
         app.include_router(module.router)
     _add_middleware(app, settings)
@@ -79,18 +79,18 @@ def _add_middleware(app: FastAPI, settings: ServerSettings) -> None:
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
 
-def _make_lifespan(runtime: Runtime, owns_engine: bool, on_ready: ReadyHook | None) -> Lifespan:
+def _make_lifespan(app_state: AppState, owns_engine: bool, on_ready: ReadyHook | None) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime.drain.bind(asyncio.get_running_loop())
-        engine = runtime.engine
+        app_state.drain.bind(asyncio.get_running_loop())
+        engine = app_state.engine
         if engine is None:
             from engine.client import EngineClient  # the real engine only when none was injected
 
-            engine = runtime.engine = EngineClient(runtime.settings.to_engine_config())
+            engine = app_state.engine = EngineClient(app_state.settings.to_engine_config())
         if owns_engine:
             engine.start()
-        watcher = asyncio.create_task(_announce_when_ready(runtime, on_ready))
+        watcher = asyncio.create_task(_announce_when_ready(app_state, engine, on_ready))
         try:
             yield
         finally:
@@ -101,24 +101,25 @@ def _make_lifespan(runtime: Runtime, owns_engine: bool, on_ready: ReadyHook | No
     return lifespan
 
 
-async def _announce_when_ready(runtime: Runtime, on_ready: ReadyHook | None) -> None:
+async def _announce_when_ready(app_state: AppState, engine: EngineLike, on_ready: ReadyHook | None) -> None:
     """Log (and call `on_ready`) once the engine has loaded, or log why it died."""
-    while runtime.state == "loading" or (runtime.state == "ready" and runtime.engine and not runtime.engine.info()):
-        await asyncio.sleep(0.1)
-    engine = runtime.engine
-    if runtime.state == "dead" or engine is None:
-        log.error("engine failed to start: %s", engine.dead_reason if engine else "no engine")
+    state = await engine.wait_ready()
+    info = engine.info() if state == "ready" else None
+    if info is None:
+        log.error("engine failed to start: %s", engine.dead_reason or f"state {state}")
         return
-    info = engine.info()
-    assert info is not None
     log.info("serving %s (mode %s, drafter %s, cap %s) at %s", info.model_id, info.mode, info.drafter, info.cap,
-             runtime.settings.base_url())
+             app_state.settings.base_url())
     if on_ready is not None:
         on_ready(info)
 
 
-def _count_refusal(runtime: Runtime, request: Request, exc: APIError) -> None:
-    """Count generation requests refused before admission (admitted ones count themselves)."""
+def _count_refusal(app_state: AppState, request: Request, exc: APIError) -> None:
+    """Count generation requests refused before admission.
+
+    Admitted ones are counted by their recorder, and their late errors are answered by
+    `generation.respond` itself, so they never reach this hook.
+    """
     endpoint = GENERATION_ENDPOINTS.get(request.url.path)
-    if endpoint is not None and not exc.counted:
-        runtime.metrics.count(endpoint, metrics.outcome_for_status(exc.status))
+    if endpoint is not None:
+        app_state.metrics.count(endpoint, metrics.outcome_for_status(exc.status))

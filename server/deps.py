@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the app's runtime and the validated request bodies."""
+"""FastAPI dependencies: the app's shared state and the validated request bodies."""
 
 from __future__ import annotations
 
@@ -8,23 +8,23 @@ from fastapi import Depends, Request
 
 from server.body import body_of
 from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.runtime import Runtime
+from server.runtime import AppState
 
 
-def get_runtime(request: Request) -> Runtime:
-    """The runtime `create_app` stored on the app."""
-    runtime: Runtime = request.app.state.runtime
-    return runtime
+def get_app_state(request: Request) -> AppState:
+    """The AppState `create_app` stored on the app."""
+    app_state: AppState = request.app.state.app_state
+    return app_state
 
 
 def _body_limit(request: Request) -> int:
-    return get_runtime(request).settings.max_body_bytes
+    return get_app_state(request).settings.max_body_bytes
 
 
 def _strict(request: Request) -> bool:
-    return bool(get_runtime(request).settings.strict_params)
+    return bool(get_app_state(request).settings.strict_params)
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+AppStateDep = Annotated[AppState, Depends(get_app_state)]
 ChatBody = Annotated[ChatCompletionRequest, Depends(body_of(ChatCompletionRequest, _body_limit, _strict))]
 CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest, _body_limit, _strict))]

@@ -79,7 +79,6 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
-        self.counted = False  # True once the request's outcome is already in the metrics
 
     def body(self) -> dict[str, Any]:
         """The JSON body, also used as the payload of an SSE error event."""

@@ -1,10 +1,10 @@
-"""Running one admitted request: the engine event pump, SSE streaming with keep-alives, the
-non-streaming collector, and cancellation on every way out.
+"""Running one admitted request: SSE streaming with keep-alives, the non-streaming collector, and
+cancellation on every way out.
 
-The engine stream is pulled by its own task into a queue, so a keep-alive timeout never cancels
-the engine stream, and a disconnect, the drain deadline or an error can be delivered into the same
-queue. Whatever ends a request, `Job.close` runs once: it cancels the engine request unless it
-finished, stops the pump and records the outcome.
+The request reads its events straight from the engine's per-request queue (`engine.next_event`,
+with a timeout for keep-alives); a disconnect or the drain deadline is put into that same queue
+(`engine.interrupt`). Whatever ends a request, `ActiveRequest.close` runs once: it cancels the
+engine request unless it finished and records the outcome.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from engine.api import EngineError, Finished, GenerationRequest, TokenEvent
 from server import errors, metrics, sse
 from server.drain import ShuttingDown
 from server.errors import APIError
-from server.runtime import EngineLike, Runtime
+from server.runtime import AppState, EngineLike
 
 log = logging.getLogger(__name__)
-
-_END = object()
 
 
 class ClientGone(Exception):
@@ -45,53 +43,36 @@ class Formatter(Protocol):
     def response(self, events: list[TokenEvent], finished: Finished) -> dict[str, Any]: ...
 
 
-class Job:
-    """One admitted request: its engine handle, event pump, metrics and cleanup."""
+class ActiveRequest:
+    """One admitted request: its engine handle, metrics and cleanup."""
 
-    def __init__(self, runtime: Runtime, engine: EngineLike, handle: Any, request: GenerationRequest,
+    def __init__(self, app_state: AppState, engine: EngineLike, handle: Any, request: GenerationRequest,
                  endpoint: str) -> None:
         self.handle = handle
         self._engine = engine
-        self._drain = runtime.drain
+        self._drain = app_state.drain
         self._num_prompt_tokens = len(request.prompt_ids)
-        self._recorder = runtime.metrics.start(endpoint)
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._recorder = app_state.metrics.start(endpoint)
         self._finished = False
         self._closed = False
         self._drain.track(self)
-        self._pump = asyncio.ensure_future(self._run_pump())
-
-    async def _run_pump(self) -> None:
-        try:
-            async for event in self._engine.stream(self.handle):
-                self._queue.put_nowait(event)
-            self._queue.put_nowait(_END)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # engine errors and bugs alike end this request, not the server
-            self._queue.put_nowait(exc)
 
     def interrupt(self, exc: Exception) -> None:
         """Make the consumer's next `next()` raise `exc` (disconnect, drain deadline)."""
-        self._queue.put_nowait(exc)
+        self._engine.interrupt(self.handle, exc)
 
     async def next(self, timeout: float | None) -> TokenEvent | Finished | None:
         """The next engine event, None after `timeout` seconds; raises what ended the request."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
+        event = await self._engine.next_event(self.handle, timeout)
+        if event is None:
             return None
-        if isinstance(item, Exception):
-            raise item
-        if item is _END:
-            raise EngineError("the engine stream ended without a terminal event")
-        if isinstance(item, TokenEvent):
-            self._recorder.tokens(len(item.token_ids), self._num_prompt_tokens)
-            return item
-        assert isinstance(item, Finished), item
+        if isinstance(event, TokenEvent):
+            self._recorder.tokens(len(event.token_ids), self._num_prompt_tokens)
+            return event
+        assert isinstance(event, Finished), event
         self._finished = True
-        self._recorder.finished(item)
-        return item
+        self._recorder.finished(event)
+        return event
 
     def status_text(self) -> str:
         """Keep-alive comment text: the queue position while waiting."""
@@ -108,29 +89,31 @@ class Job:
         self._closed = True
         if not self._finished:
             self._engine.cancel(self.handle)
-        self._pump.cancel()
         self._recorder.close(outcome)
         self._drain.untrack(self)
 
 
-def start(runtime: Runtime, engine: EngineLike, request: GenerationRequest, endpoint: str) -> Job:
-    """Submit to the engine (raising 400/429/503 before any response starts) and start the pump."""
-    handle = runtime.submit(engine, request)
-    return Job(runtime, engine, handle, request, endpoint)
+def start(app_state: AppState, engine: EngineLike, request: GenerationRequest, endpoint: str) -> ActiveRequest:
+    """Submit to the engine (raising 400/429/503 before any response starts) and track the request."""
+    handle = app_state.submit(engine, request)
+    return ActiveRequest(app_state, engine, handle, request, endpoint)
 
 
-async def respond(runtime: Runtime, job: Job, fmt: Formatter, request: Request, stream: bool,
+async def respond(app_state: AppState, active: ActiveRequest, fmt: Formatter, request: Request, stream: bool,
                   headers: dict[str, str] | None = None) -> Response:
     """The reply to an admitted request: an SSE stream, or JSON once the engine finished."""
     if stream:
-        frames = stream_frames(job, fmt, runtime.settings.keepalive_s)
+        frames = stream_frames(active, fmt, app_state.settings.keepalive_s)
         return sse.SSEResponse(frames, headers={**sse.HEADERS, **(headers or {})},
-                               on_close=lambda: job.close(metrics.CANCELLED))
-    events, finished = await collect(job, request)
+                               on_close=lambda: active.close(metrics.CANCELLED))
+    try:
+        events, finished = await collect(active, request)
+    except APIError as error:  # answered here, not by the app's handler: the recorder already counted it
+        return error.response()
     return JSONResponse(fmt.response(events, finished), headers=headers)
 
 
-async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIterator[str]:
+async def stream_frames(active: ActiveRequest, fmt: Formatter, keepalive_s: float) -> AsyncIterator[str]:
     """SSE frames: opening chunks, deltas, closing chunks and [DONE]; keep-alives when idle."""
     outcome = metrics.CANCELLED
     try:
@@ -138,9 +121,9 @@ async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIt
             yield sse.data(chunk)
         last_write = time.monotonic()
         while True:
-            event = await job.next(max(last_write + keepalive_s - time.monotonic(), 0.0))
+            event = await active.next(max(last_write + keepalive_s - time.monotonic(), 0.0))
             if event is None:
-                yield sse.comment(job.status_text())
+                yield sse.comment(active.status_text())
             elif isinstance(event, TokenEvent):
                 chunks = fmt.delta(event)
                 if not chunks:
@@ -158,41 +141,38 @@ async def stream_frames(job: Job, fmt: Formatter, keepalive_s: float) -> AsyncIt
         error, outcome = _late_error(exc)
         yield sse.data(error.body())
     finally:
-        job.close(outcome)
+        active.close(outcome)
 
 
-async def collect(job: Job, request: Request) -> tuple[list[TokenEvent], Finished]:
+async def collect(active: ActiveRequest, request: Request) -> tuple[list[TokenEvent], Finished]:
     """The whole completion; a client disconnect meanwhile cancels the engine request."""
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
+    watcher = asyncio.ensure_future(_watch_disconnect(request, active))
     outcome = metrics.CANCELLED
     try:
         events: list[TokenEvent] = []
         while True:
-            event = await job.next(None)
+            event = await active.next(None)
             assert event is not None  # no timeout given
             if isinstance(event, Finished):
                 outcome = metrics.OK
                 return events, event
             events.append(event)
     except ClientGone:
-        gone = APIError(499, "Client closed the request.", code="client_closed_request")
-        gone.counted = True
-        raise gone from None
+        raise APIError(499, "Client closed the request.", code="client_closed_request") from None
     except Exception as exc:
         error, outcome = _late_error(exc)
-        error.counted = True
         raise error from exc
     finally:
         watcher.cancel()
-        job.close(outcome)
+        active.close(outcome)
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Wait for `http.disconnect` (the body is already read) and interrupt the job."""
+async def _watch_disconnect(request: Request, active: ActiveRequest) -> None:
+    """Wait for `http.disconnect` (the body is already read) and interrupt the request."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            job.interrupt(ClientGone())
+            active.interrupt(ClientGone())
             return
         await asyncio.sleep(0.05)  # a server that returns other messages must not make us spin
 

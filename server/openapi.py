@@ -102,11 +102,11 @@ def build(app: FastAPI) -> dict[str, Any]:
     """
     if app.openapi_schema:
         return app.openapi_schema
-    runtime = app.state.runtime
-    info = runtime.engine.info() if runtime.engine is not None and runtime.state == "ready" else None
+    app_state = app.state.app_state
+    info = app_state.engine.info() if app_state.engine is not None and app_state.state == "ready" else None
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.update(request_schemas(bool(runtime.settings.strict_params), info))
+    components.update(request_schemas(bool(app_state.settings.strict_params), info))
     for model in RESPONSE_MODELS:
         _add_model(components, model)
     for operations in schema.get("paths", {}).values():

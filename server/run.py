@@ -36,7 +36,7 @@ def make_server(settings: ServerSettings, app: FastAPI | None = None, *, on_read
         app, host=settings.host, port=settings.port, workers=1, log_level=log_level, lifespan="on",
         timeout_graceful_shutdown=int(settings.drain_grace_s + _BACKSTOP_S),
     )
-    return DrainingServer(config, app.state.runtime.drain)
+    return DrainingServer(config, app.state.app_state.drain)
 
 
 def serve(settings: ServerSettings, *, on_ready: ReadyHook | None = None) -> None:

@@ -1,4 +1,5 @@
-"""What the routes share: settings, the engine, metrics and the drain, plus the admission steps.
+"""What the routes share (`AppState`: settings, the engine, metrics and the drain, plus the
+admission steps).
 
 `EngineLike` is the engine contract the server codes against (`engine.client.EngineClient`, or a
 scripted fake in tests).
@@ -7,7 +8,6 @@ scripted fake in tests).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from engine.api import (
@@ -40,6 +40,8 @@ class EngineLike(Protocol):
 
     def start(self) -> None: ...
 
+    async def wait_ready(self) -> str: ...  # once loading ends: "ready" or "dead"
+
     def info(self) -> EngineInfo | None: ...
 
     def encode_chat(
@@ -54,7 +56,9 @@ class EngineLike(Protocol):
 
     def submit(self, request: GenerationRequest) -> Any: ...
 
-    def stream(self, handle: Any) -> AsyncIterator[TokenEvent | Finished]: ...
+    async def next_event(self, handle: Any, timeout: float | None = None) -> TokenEvent | Finished | None: ...
+
+    def interrupt(self, handle: Any, exc: BaseException) -> None: ...
 
     def cancel(self, handle: Any) -> None: ...
 
@@ -63,7 +67,7 @@ class EngineLike(Protocol):
     async def shutdown(self) -> None: ...
 
 
-class Runtime:
+class AppState:
     """Per-app state. `engine` is None until the lifespan creates it (unless injected)."""
 
     def __init__(self, settings: ServerSettings, engine: EngineLike | None = None) -> None:

@@ -37,6 +37,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_unconfigure(config):
     """Exit without C++ static destructors: MLX used on worker threads can abort at exit (mlx#3126)."""
-    from engine.worker import exit_process
+    from dspark_cli.process import exit_process
 
     exit_process(_exit_status["code"])

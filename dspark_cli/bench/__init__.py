@@ -87,12 +87,20 @@ def run(args) -> int:
     prompts, meta = load_prompts(args.prompts, plan.per_kind)
     encoded = core.encode_prompts(prompts, baseline.tokenizer)
     records, summ, _ = core.measure(baseline, spec, encoded, plan, lambda n: ProgressBar(n, "bench"))
-    out = write_all(core.build_report(records, summ, spec, plan=plan, environment=environment, prompt_meta=meta,
-                                      target=baseline.info.model_id, command=" ".join(["dspark", *sys.argv[1:]]),
-                                      skipped=skipped), args.out)
+    rep = core.build_report(records, summ, spec, plan=plan, environment=environment, prompt_meta=meta,
+                            target=baseline.info.model_id, command=" ".join(["dspark", *sys.argv[1:]]),
+                            skipped=skipped)
+    out = write_all(rep, args.out)
     print((out / "report.md").read_text())
-    stderr_progress(f"wrote {out}/report.json, report.md and plots")
+    stderr_progress(wrote_message(out, rep["plots"]))
     return 0
+
+
+def wrote_message(out: Path, plots: list[str]) -> str:
+    """What `write_all` put in `out`, naming only the plots it actually wrote."""
+    if not plots:
+        return f"wrote {out}/report.json and report.md (no plots: they compare drafter arms, and none ran)"
+    return f"wrote {out}/report.json, report.md and {', '.join(plots)}"
 
 
 def write_all(rep: dict, out: Path) -> Path:

@@ -1,6 +1,6 @@
 """Benchmark arms: one way of decoding a prompt (a mode at a cap, or mlx-lm), and one timed run of it.
 
-Every engine arm goes through `engine.worker.run_request`, the request loop the server runs, so
+Every engine arm goes through `engine.generate.stream_generate`, the request loop the server runs, so
 the numbers include detokenization and stop handling. Fixed-cap arms are variants of one loaded
 runtime per mode (same target and drafter objects); `auto` is the runtime as built.
 """
@@ -31,7 +31,7 @@ class Arm:
 
 def with_cap(runtime, cap: int):
     """The same loaded runtime decoding with a fixed draft cap (shares target, drafter, tokenizer)."""
-    return replace(runtime, spec=replace(runtime.spec, max_draft=cap, confidence_threshold=None),
+    return replace(runtime, spec=replace(runtime.spec, max_draft=cap, confidence_threshold=None), cap=cap,
                    info=replace(runtime.info, cap=cap))
 
 
@@ -49,10 +49,19 @@ def build_arms(baseline, spec_runtimes: dict, caps_for, mlx_lm: bool) -> list[Ar
     return arms
 
 
-def _engine_run(runtime, prompt_ids: list[int], max_tokens: int) -> dict:
-    from engine.worker import run_greedy_timed
+def timed_greedy(runtime, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], object, float]:
+    """One greedy request through the engine's request loop on this thread: (ids, Finished, wall seconds)."""
+    from engine.api import GenerationRequest, SamplingParams
+    from engine.generate import generate
 
-    ids, result, wall = run_greedy_timed(runtime, prompt_ids, max_tokens)
+    request = GenerationRequest("timed", tuple(prompt_ids), max_tokens, SamplingParams(temperature=0.0))
+    t0 = time.perf_counter()
+    ids, _, finished = generate(runtime, request)
+    return ids, finished, time.perf_counter() - t0
+
+
+def _engine_run(runtime, prompt_ids: list[int], max_tokens: int) -> dict:
+    ids, result, wall = timed_greedy(runtime, prompt_ids, max_tokens)
     s = result.stats
     return {
         "ids": [t for t in ids if t not in runtime.eos_ids], "tokens": len(ids), "wall_s": wall,

@@ -1,7 +1,7 @@
 """Load and save DSpark / DFlash drafter checkpoints, strictly, plus the published-drafter registry.
 
 Strictness matters: a partly loaded drafter still "works", just with near-zero acceptance, so
-every missing, unexpected or mis-shaped tensor is an error that names the tensors (spec §6.1).
+every missing, unexpected or mis-shaped tensor is an error that names the tensors (docs/method.md §4.4).
 Weights are cast to float32 after loading (CPU); `quantize` then optionally lowers them.
 """
 

@@ -1,4 +1,4 @@
-"""DSpark / DFlash drafter in MLX: parallel backbone, Markov head, confidence head (spec §1.2-1.4, §2).
+"""DSpark / DFlash drafter in MLX: parallel backbone, Markov head, confidence head (docs/method.md §3, §4).
 
 One `Drafter` serves both checkpoint layouts. Per round, with batch size 1 (shapes: d = hidden,
 m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
@@ -12,13 +12,13 @@ m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
 
 ``block_ids`` is ``[anchor, mask, ..., mask]`` at absolute positions ``[p, p+B)`` where
 ``p = cache_len + c``; ``ctx_new`` holds the target taps of positions ``[cache_len, p)``.
-Slot convention (the most likely bug, spec §2.5): DeepSpec slot j predicts ``p + j + 1`` (rows
+Slot convention (the most likely bug, docs/method.md §2.2): DeepSpec slot j predicts ``p + j + 1`` (rows
 0..B-1), z-lab DFlash slot i >= 1 predicts ``p + i`` (rows 1..B-1). `draft_hidden` applies it.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -95,7 +95,7 @@ class DrafterMLP(nn.Module):
 
 
 class DrafterLayer(nn.Module):
-    """Pre-norm decoder layer; context features bypass input_layernorm (spec §1.2)."""
+    """Pre-norm decoder layer; context features bypass input_layernorm (docs/method.md §3.1)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -116,7 +116,7 @@ class DrafterLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """Sequential bias B(x_{k-1}, .) added to the base logits (spec §1.3)."""
+    """Sequential bias B(x_{k-1}, .) added to the base logits (docs/method.md §3.2)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -150,7 +150,7 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    """c_k = sigmoid(w . [h_k ; W1[x_{k-1}]] + b); this module returns the logit (spec §1.4)."""
+    """c_k = sigmoid(w . [h_k ; W1[x_{k-1}]] + b); this module returns the logit (docs/method.md §3.3)."""
 
     def __init__(self, in_dim: int):
         super().__init__()

@@ -1,6 +1,6 @@
 """Drafter configuration: one normalised `DrafterConfig` for every checkpoint layout we accept.
 
-Layouts (spec §2.5):
+Layouts (docs/method.md §4.1):
   * ``deepspec``: DeepSpec `Qwen3DSparkModel` (top-level DSpark keys, own frozen embedding and
     lm_head copies). Block slot j (0-based) predicts the token at ``p + j + 1``: B slots, B drafts.
     The legacy SpecForge `DSparkDraftModel` (+ nested ``dflash_config``) is read into this layout

@@ -146,3 +146,17 @@ def trim_cache(cache: list, num_tokens: int) -> None:
         if not layer_cache.is_trimmable():
             raise ValueError(f"{type(layer_cache).__name__} cannot be rolled back")
         layer_cache.trim(num_tokens)
+
+
+def fork_cache(layer_cache):
+    """An independent copy of one layer's KV cache holding the same tokens.
+
+    Slicing to the live length copies nothing yet (MLX arrays are immutable; the next update
+    writes a new buffer), so a fork is cheap and never sees the original's later tokens.
+    """
+    copy = type(layer_cache)()
+    n = layer_cache.offset
+    if layer_cache.keys is not None:
+        copy.keys, copy.values = layer_cache.keys[..., :n, :], layer_cache.values[..., :n, :]
+    copy.offset = n
+    return copy

@@ -1,4 +1,4 @@
-"""Anchor blocks for one training step (spec §1.9 "Anchors", §5.3 "Batches").
+"""Anchor blocks for one training step (docs/method.md §8).
 
 For an anchor a of a sample with ids x and loss mask m:
   * the block input is ``[x_a, M, ..., M]`` (``Bs`` slots) at positions ``a .. a+Bs-1``;
@@ -43,6 +43,29 @@ class BlockBatch:
     block: np.ndarray  # [R] block index in [0, b*N)
     num_blocks: int  # b*N
     num_drafts: int  # Bd
+    teacher: Teacher | None = None  # the target's cached top-k of each row (distillation only)
+
+
+@dataclass
+class Teacher:
+    """The target's cached view of each draft row (R rows, k candidates; see `features.target_topk`)."""
+
+    ids: mx.array  # [R, k] int32 the target's top-k tokens, likeliest first
+    logp: mx.array  # [R, k] float32 their log-probabilities under the target
+    label_logp: mx.array  # [R] float32 the target's log-probability of the row's label
+
+    def rows(self, index: mx.array) -> Teacher:
+        """The teacher of a subset of rows."""
+        return Teacher(self.ids[index], self.logp[index], self.label_logp[index])
+
+
+def gather_teacher(ids: mx.array, logp: mx.array, next_logp: mx.array, target_rows: mx.array) -> Teacher:
+    """The `Teacher` of each draft row from per-position top-k ids / log-probs [b, W, k] and the
+    next-token log-prob [b, W]; ``target_rows`` [R] index the [b*W] positions. The next token of
+    target row a+k-1 is x_{a+k}, the row's label."""
+    k = ids.shape[-1]
+    return Teacher(ids.reshape(-1, k)[target_rows], logp.reshape(-1, k)[target_rows],
+                   next_logp.reshape(-1)[target_rows])
 
 
 def valid_anchors(sample: Sample) -> np.ndarray:
@@ -64,14 +87,22 @@ def sample_anchors(sample: Sample, n: int, rng: np.random.Generator) -> np.ndarr
 
 
 def build_batch(samples: list[Sample], taps: mx.array, hidden: mx.array, anchors: np.ndarray, *,
-                block_slots: int, slot_offset: int, mask_token_id: int, decay: float) -> BlockBatch:
-    """Assemble a `BlockBatch` from samples, their features and anchors [b, N]."""
+                block_slots: int, slot_offset: int, mask_token_id: int, decay: float,
+                max_position: int | None = None) -> BlockBatch:
+    """Assemble a `BlockBatch` from samples, their features and anchors [b, N].
+
+    ``max_position`` keeps only draft positions k <= max_position (the position curriculum: the
+    vocabulary-wide head then runs on those rows only).
+    """
     b, n = anchors.shape
     width = int(taps.shape[1])
     drafts = block_slots - slot_offset
     block_ids = np.full((b * n, block_slots), mask_token_id, dtype=np.int32)
     block_ids[:, 0] = np.concatenate([s.ids[a] for s, a in zip(samples, anchors)])
     cols = _draft_rows(samples, anchors, width, drafts)
+    if max_position is not None:
+        keep = cols[4] < max_position
+        cols = tuple(c[keep] for c in cols)
     rows, labels, prev_ids, target_rows, position, block = cols
     unique, inverse = np.unique(target_rows, return_inverse=True)
     return BlockBatch(

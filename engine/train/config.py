@@ -1,6 +1,6 @@
 """Training configuration and the drafter geometry derived from the target.
 
-Variants (spec §1.9): ``dspark`` = backbone + Markov head + confidence head, trained with
+Variants (docs/method.md §8): ``dspark`` = backbone + Markov head + confidence head, trained with
 0.1 CE + 0.9 TV + 1.0 confidence BCE; ``dflash`` = backbone only (markov_rank 0, no confidence
 head), CE only, as DeepSpec trains its DFlash baseline.
 
@@ -29,10 +29,24 @@ from engine.models.drafter_config import (
 )
 
 VARIANTS = ("dspark", "dflash")
+OBJECTIVES = ("ce_tv", "kd")
 LAYOUTS = ("deepspec", "compact", "zlab")
 DEFAULT_LAYOUT = {"dspark": "deepspec", "dflash": "zlab"}
-# Loss weights (ce, tv, confidence) per variant: DeepSpec's configs (spec §1.9, Eq. 12).
+# Loss weights (ce, tv, confidence) per variant: DeepSpec's configs (docs/method.md §8).
 LOSS_WEIGHTS = {"dspark": (0.1, 0.9, 1.0), "dflash": (1.0, 0.0, 0.0)}
+
+
+# Named recipes (`dspark train-drafter --recipe`); any flag given explicitly overrides its entry.
+# "v1" is the run-3 recipe (docs/drafter-runs/2026-12-03), "v2" issue 18's (engine.train.recipe);
+# v2's phase lengths are fractions of --steps (early_frac, final_frac).
+RECIPES = {
+    "v1": dict(objective="ce_tv", topk=0, batch=2, anchors=64, lr=6e-4, warmup_frac=0.04, weight_decay=0.0,
+               beta2=0.999, min_lr_frac=0.0, hidden_weight=0.5, regress_steps=0, early_frac=0.0, final_frac=0.0,
+               markov_lr_mult=1.0, instrument_every=0, gate_core_hours=0.0),
+    "v2": dict(objective="kd", topk=32, batch=8, anchors=32, lr=2e-3, warmup_frac=0.03, weight_decay=0.05,
+               beta2=0.95, min_lr_frac=0.1, hidden_weight=0.5, regress_steps=100, early_frac=0.6, final_frac=0.1,
+               markov_lr_mult=0.3, instrument_every=100, gate_core_hours=1.0),
+}
 
 
 @dataclass(frozen=True)
@@ -65,10 +79,28 @@ class TrainConfig:
     feature_cache: bool = True  # cache target features under out/features (resumable)
     feature_dtype: str = "float32"  # storage dtype of cached features ("float16" halves the disk)
     chunk_sequences: int = 16  # sequences per feature-cache chunk
+    features_dir: Path | None = None  # shared feature cache (default out/features)
+    topk: int = 0  # target top-k ids and logits kept per row in the cache (distillation needs > 0)
+    train_chunks: int | None = None  # train on the first N cache chunks only (None: all)
+    grow_every: int = 0  # > 0: start on train_chunks chunks and add one every grow_every steps (order.GrowingOrder)
     eval_max_tokens: int = 64  # generated tokens per held-out prompt in the greedy tau evaluation
     sts_temperature: float = 0.0  # sampling temperature of the STS calibration rounds (0 = greedy)
     save_dtype: str = "float32"
     tap_scale: str = "rms"  # "rms": fc trains on unit-RMS tap features (engine.train.precondition); "none"
+    # The v2 recipe (engine.train.recipe; the defaults here keep the run-3 recipe, "ce_tv").
+    objective: str = "ce_tv"  # "ce_tv": 0.1 CE + 0.9 TV (+ conf); "kd": distillation + hidden regression
+    beta2: float = 0.999
+    min_lr_frac: float = 0.0  # the cosine decays to this fraction of lr
+    hidden_weight: float = 0.5  # kd: weight of 1 - cos(h_draft, h_target)
+    hidden_center: str = "mean"  # kd: "mean" compares states minus the target's mean state; "none"
+    regress_steps: int = 0  # kd: first steps on the hidden regression alone
+    early_steps: int = 0  # kd: steps (from 0) on draft positions <= early_positions, Markov head frozen
+    early_positions: int = 2
+    final_steps: int = 0  # kd: last steps add TV and the confidence head (0.5 KD + 0.5 TV + conf)
+    markov_lr_mult: float = 1.0  # kd, after the early phase: the Markov head's lr relative to lr
+    instrument_every: int = 0  # steps between instrument reports (0 = none)
+    gate_core_hours: float = 0.0  # kd: go/no-go after this much CPU time in the early phase (0 = none)
+    gate_min_match: float = 0.38  # the gate's teacher-forced held-out greedy match at position 1
     extra: dict = field(default_factory=dict)  # free-form notes copied into training.json
 
     def __post_init__(self) -> None:
@@ -85,6 +117,10 @@ class TrainConfig:
                              f"{SERVABLE_MARKOV_HEAD_TYPES}")
         if min(self.steps, self.batch, self.anchors, self.block_size, self.num_layers) < 1:
             raise ValueError("steps, batch, anchors, block_size and num_layers must be >= 1")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose one of {OBJECTIVES}")
+        if self.objective == "kd" and self.topk < 1:
+            raise ValueError("the kd objective needs the target's top-k in the feature cache: give --topk (e.g. 32)")
         if self.seq_len < self.block_size + 2:
             raise ValueError(f"seq_len {self.seq_len} is too short for block_size {self.block_size}")
 

@@ -1,7 +1,7 @@
 """Training samples: token ids with a loss mask, from text files or JSONL prompts.
 
 Plain text trains on every token; chat data trains on the answer (assistant or target-generated)
-tokens only, as DeepSpec's loss mask does (spec §1.9). Prompt records are one JSON object a line:
+tokens only, as DeepSpec's loss mask does (docs/method.md §8). Prompt records are one JSON object a line:
 ``{"messages": [...]}`` (chat-templated; a trailing assistant message is the answer),
 ``{"prompt": "..."}`` (one user turn, chat-templated) or ``{"text": "..."}`` (raw, no template).
 """
@@ -9,7 +9,9 @@ tokens only, as DeepSpec's loss mask does (spec §1.9). Prompt records are one J
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
+import re
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +80,62 @@ def list_text_files(paths: list[str | Path], exclude: tuple[str, ...] = ()) -> l
 
 def _excluded(relative: Path, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(part, pat) for part in relative.parts for pat in patterns)
+
+
+def heldout_by_path(path: Path) -> bool:
+    """The 1-in-10 held-out split of ``scripts/make_prompts.py`` (sha1 of the absolute path)."""
+    return hashlib.sha1(str(path).encode()).digest()[0] % 10 == 0
+
+
+def _squash(text: str) -> str:
+    # Whitespace-insensitive matching: prompt builders re-indent code and strip paragraphs.
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def heldout_passages(records: list[dict], min_chars: int = 100) -> list[str]:
+    """The quoted passages of held-out prompt records (text after the instruction, fences removed).
+
+    Passages shorter than ``min_chars`` (chat topics such as "What is X?") are left out: they are
+    phrases, and excluding every file that mentions one would drop most of the corpus.
+    """
+    return [_squash(p) for p in map(record_passage, records) if len(p) >= min_chars]
+
+
+def record_passage(record: dict) -> str:
+    """The passage a prompt record quotes: its first message after the instruction line, code
+    fences removed (the whole text when there is no instruction)."""
+    messages = record.get("messages") or [{"content": record.get("prompt") or record.get("text", "")}]
+    body = messages[0].get("content", "").split("\n\n", 1)[-1]
+    return re.sub(r"^```\w*\n|\n```$", "", body.strip())
+
+
+def passage_samples(records: list[dict], tokenizer, limit: int, seq_len: int, min_len: int) -> list[Sample]:
+    """Plain-text samples (every token trained on) of the first ``limit`` passages of ``records``
+    that tokenize to at least ``min_len`` tokens: held-out text the trainer's instruments score."""
+    out = []
+    for record in records:
+        ids = list(tokenizer.encode(record_passage(record)))[:seq_len]
+        if len(ids) >= min_len:
+            out.append(Sample(ids, np.ones(len(ids), dtype=bool)))
+        if len(out) == limit:
+            break
+    return out
+
+
+def drop_heldout_files(files: list[Path], passages: list[str]) -> tuple[list[Path], int]:
+    """(kept files, number dropped): a file is dropped when it is in the held-out path split or
+    contains any held-out passage, so no held-out prompt's text is ever trained on."""
+    kept = []
+    for path in files:
+        if heldout_by_path(path):
+            continue
+        try:
+            text = _squash(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        if not any(p in text for p in passages):
+            kept.append(path)
+    return kept, len(files) - len(kept)
 
 
 def chunk_ids(ids: list[int], seq_len: int, min_len: int) -> list[Sample]:

@@ -5,7 +5,7 @@
 * `speculative_rounds`: decode held-out prompts with the real engine loop at a fixed cap (every
   round verifies all drafts it can), returning `SpecStats` (tau = mean accepted length per round,
   conditional acceptance per position) and, for DSpark, the confidence logits of every verified
-  draft with the accepted count of its round: the data of STS (spec §1.5, §5.3).
+  draft with the accepted count of its round: the data of STS (docs/method.md §3.3).
 * `zeroed_context`: while open, the drafter sees every context tap row as zeros. Either
   evaluation then measures the drafter on a blank context; the difference to the normal run is
   what it takes from the target's hidden states.
@@ -23,6 +23,7 @@ import numpy as np
 from engine.api import SpecStats
 from engine.sampling import SamplerSettings
 from engine.scheduler import Scheduler
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.train.batch import build_batch, sample_anchors, valid_anchors
 from engine.train.data import Sample
@@ -67,7 +68,7 @@ def speculative_rounds(target, drafter, prompts: list[list[int]], max_tokens: in
     settings = SamplerSettings(temperature=temperature)
     for p, prompt in enumerate(prompts):
         scheduler = RecordingScheduler(cap, record)
-        opts = DecodeOptions(settings=settings, sampler="rejection", seed=seed + p, stop_ids=stop_ids)
+        opts = DecodeOptions(make_sampler(settings, "rejection", seed + p), stop_ids=stop_ids)
         decoder = SpecDecoder(target, drafter, scheduler, opts, stats)
         produced = len(decoder.prefill(list(prompt)))
         while produced < max_tokens and not decoder.done:

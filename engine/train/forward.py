@@ -3,7 +3,7 @@
 It reuses the drafter's own modules (projections, q/k norms, RoPE, MLP, norms), so what is trained
 is exactly what `Drafter.backbone` serves. Per layer and sequence the context K/V are projected
 once for all W positions; every block's queries then attend to the context positions before its
-anchor and to its own block (bidirectional), through one boolean mask (spec §1.2, §1.9):
+anchor and to its own block (bidirectional), through one boolean mask (docs/method.md §3.1, §8):
 
     keys = [context (W) ; block 0 (Bs) ; block 1 (Bs) ; ...]     per sequence
     row (n, j) may see: context s < anchor_n, and block n
@@ -21,17 +21,23 @@ from engine.models.drafter import Drafter, DrafterLayer
 
 
 def train_backbone(drafter: Drafter, taps: mx.array, block_ids: mx.array, anchors: mx.array,
-                   attn_mask: mx.array) -> mx.array:
+                   attn_mask: mx.array, trace: list | None = None) -> mx.array:
     """Final-normed hidden states of every block: [b*N, Bs, d].
 
     taps [b, W, m*d]; block_ids [b*N, Bs] (sequence-major); anchors [b*N] absolute anchor
     positions; attn_mask [b, 1, N*Bs, W + N*Bs] bool (see `engine.train.batch.attention_mask`).
+    ``trace``, when given, receives the residual stream [b*N, Bs, d] after the embedding and
+    after each layer (the trainer's instruments read its norms).
     """
     b = taps.shape[0]
     ctx_h = drafter.project_context(taps)  # [b, W, d]
     x = drafter.embed(block_ids)  # [b*N, Bs, d]
+    if trace is not None:
+        trace.append(x)
     for layer in drafter.layers:
         x = _layer(layer, x, ctx_h, anchors, attn_mask, drafter._rope, b)
+        if trace is not None:
+            trace.append(x)
     return drafter.norm(x)
 
 

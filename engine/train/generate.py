@@ -1,7 +1,7 @@
 """Target-generated continuations of prompts, batched through mlx-lm's `BatchGenerator`.
 
 Training on the target's own outputs aligns the drafter with what it will be asked to predict
-(DeepSpec regenerates every response with the target, spec §1.9). Generation runs many prompts
+(DeepSpec regenerates every response with the target, docs/method.md §8). Generation runs many prompts
 together with one batched KV cache, and is resumable: each finished group of prompts is appended
 to a JSONL file, and a restart skips the prompts already there.
 

@@ -3,7 +3,7 @@
 * `acceptance_by_cap`: greedy tau (tokens committed per round) and conditional acceptance per draft
   position, at each fixed cap, from real rounds through `SpecDecoder`.
 * `calibration`: ECE of the confidence head's prefix survival per position, before and after the
-  STS temperatures stored in the drafter's config (spec §1.5). Run it on prompts other than those
+  STS temperatures stored in the drafter's config (docs/method.md §3.3). Run it on prompts other than those
   STS was fitted on, or the "after" figure is in-sample.
 * `context_ablation`: greedy tau at one cap with the drafter's target context replaced by zero rows.
   A drafter that reads the target's hidden states loses much of its acceptance on a blank context;
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 
@@ -98,10 +99,13 @@ def paired_speed(spec_runtime, base_runtime, prompts: list[list[int]], max_token
 
 
 def _timed(runtime, prompt: list[int], max_tokens: int) -> dict:
-    # One greedy request through the worker's own request loop (what serving runs), wall-timed.
-    from engine.worker import run_greedy_timed
+    # One greedy request through the engine's request loop (what serving runs), wall-timed.
+    from engine.api import GenerationRequest, SamplingParams
+    from engine.generate import generate
 
-    ids, result, wall = run_greedy_timed(runtime, prompt, max_tokens)
+    t0 = time.perf_counter()
+    ids, _, result = generate(runtime, GenerationRequest("timed", tuple(prompt), max_tokens, SamplingParams()))
+    wall = time.perf_counter() - t0
     s = result.stats
     times = {"prefill": round(s.time_prefill_s, 4), "draft": round(s.time_draft_s, 4),
              "verify": round(s.time_verify_s, 4), "accept": round(s.time_accept_s, 4),

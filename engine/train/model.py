@@ -1,6 +1,6 @@
 """Build the drafter to train from the target, and save it in its checkpoint layout.
 
-Embedding and lm_head are the target's and stay frozen (spec §1.9): a ``deepspec`` layout drafter
+Embedding and lm_head are the target's and stay frozen (docs/method.md §8): a ``deepspec`` layout drafter
 gets frozen copies (saved with it), the ``compact`` and ``zlab`` layouts bind the target's own
 modules (nothing to save). Either way `trainable_parameters()` is exactly the backbone and heads.
 """

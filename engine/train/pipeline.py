@@ -30,9 +30,10 @@ from engine.train.batch import valid_anchors
 from engine.train.checkpoint import latest_checkpoint
 from engine.train.config import TrainConfig, default_mask_token_id, make_drafter_config
 from engine.train.evaluate import heldout_estimate, speculative_rounds, zeroed_context
-from engine.train.features import FeatureSource
+from engine.train.features import FeatureSource, fingerprint
 from engine.train.generate import generate_continuations
-from engine.train.loop import Trainer
+from engine.train.instruments import GateFailed, Monitor
+from engine.train.loop import LoopResult, Trainer
 from engine.train.model import init_drafter, num_trainable, save_trained
 from engine.train.progress import ProgressBar
 from engine.train.sts import Rounds, calibrate
@@ -55,6 +56,8 @@ class DataConfig:
     eval_prompts: str | None = None  # JSONL prompts for the real-rounds evaluation
     num_eval_prompts: int = 8
     max_eval_prompt: int = 256  # longest held-out prompt, in tokens
+    heldout_prompts: tuple[str, ...] = ()  # JSONL prompts whose files (and text) never enter training
+    heldout_text: int = 0  # > 0: held-out samples are the passages of this many records of each of those files
 
 
 class OutputDirError(ValueError):
@@ -62,7 +65,7 @@ class OutputDirError(ValueError):
 
 
 def run(cfg: TrainConfig, data: DataConfig, model_spec: str | None, *, resume: bool = False,
-        stop_after: int | None = None, stream: TextIO | None = None) -> dict:
+        stop_after: int | None = None, stream: TextIO | None = None, extract_only: bool = False) -> dict:
     """The whole run on a target loaded by `load_target`; returns the training.json report.
 
     With ``stop_after`` the loop checkpoints and raises `TrainingStopped` after that many steps
@@ -72,12 +75,17 @@ def run(cfg: TrainConfig, data: DataConfig, model_spec: str | None, *, resume: b
 
     bar = ProgressBar(cfg.steps, stream)
     model, tokenizer, path = load_target(model_spec, bar.message)
-    return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, stop_after=stop_after, bar=bar)
+    return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, stop_after=stop_after, bar=bar,
+                          extract_only=extract_only)
 
 
 def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: str, *, resume: bool = False,
-                   stop_after: int | None = None, bar: ProgressBar | None = None) -> dict:
-    """The whole run for an already loaded mlx-lm ``model`` (float32) and ``tokenizer``."""
+                   stop_after: int | None = None, bar: ProgressBar | None = None,
+                   extract_only: bool = False) -> dict:
+    """The whole run for an already loaded mlx-lm ``model`` (float32) and ``tokenizer``.
+
+    ``extract_only`` stops after the feature cache is complete and returns a short report.
+    """
     _check_out(cfg.out, resume)
     bar, clock = bar or ProgressBar(cfg.steps), _Clock()
     mask_id = cfg.mask_token_id
@@ -86,16 +94,24 @@ def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: s
     dcfg = make_drafter_config(cfg, model, mask_id)
     samples = _samples(cfg, data, model, tokenizer, resume, bar)
     train, held = D.split_heldout(samples, min(data.heldout, len(samples) - 1), cfg.seed)
+    held = held + _heldout_text(cfg, data, tokenizer)
     bar.message(f"{len(train)} training samples ({sum(map(len, train))} tokens), {len(held)} held out")
     clock.lap("data_s")
     target = Target(model, dcfg.target_layer_ids)  # after generation: taps would record every decode step
     target.check_taps()
-    features = FeatureSource(target, train, cfg.out / "features" if cfg.feature_cache else None,
-                             chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype, fingerprint_extra=path,
-                             progress=bar.message)
-    features.prepare()
+    features = FeatureSource(target, train, _features_dir(cfg), chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype,
+                             fingerprint_extra=path, progress=bar.message, topk=cfg.topk)
+    features.prepare(None if extract_only else cfg.train_chunks)
     clock.lap("features_s")
-    trainer, result = _train(cfg, dcfg, model, target, features, train, resume, stop_after, bar)
+    if extract_only:
+        return _extract_report(cfg, features, train, clock.total())
+    if cfg.train_chunks and cfg.grow_every <= 0:  # a growing run keeps every sample: its window widens
+        train = train[: cfg.train_chunks * cfg.chunk_sequences]
+    monitor = _monitor(cfg, target, held, path, bar)
+    try:
+        trainer, result = _train(cfg, dcfg, model, target, features, train, resume, stop_after, bar, monitor)
+    except GateFailed as exc:
+        return _stopped_at_gate(cfg, data, dcfg, path, samples, train, held, exc, clock)
     clock.lap("train_s")
     heldout = _evaluate(cfg, trainer, target, model, held, _eval_prompts(data, held, tokenizer),
                         _eos_ids(tokenizer), bar)
@@ -107,16 +123,61 @@ def run_with_model(cfg: TrainConfig, data: DataConfig, model, tokenizer, path: s
 
 
 def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSource, train: list[D.Sample],
-           resume: bool, stop_after: int | None, bar: ProgressBar):
-    """Initialise (or resume) and train the drafter, then save it in its layout."""
+           resume: bool, stop_after: int | None, bar: ProgressBar, monitor: Monitor | None = None):
+    """Initialise (or resume) and train the drafter, then save it in its layout.
+
+    A failed gate (`GateFailed`) still saves the drafter as it stands, then propagates.
+    """
     drafter = init_drafter(dcfg, model, cfg.seed)
     precondition.apply(drafter, cfg.tap_scale, features.batch, min(precondition.STAT_SAMPLES, len(train)))
     trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
+    trainer.monitor = monitor
     bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
-    result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
+    try:
+        result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
+    except GateFailed:
+        _save(cfg, dcfg, drafter)
+        raise
+    _save(cfg, dcfg, drafter)
+    return trainer, result
+
+
+def _save(cfg: TrainConfig, dcfg, drafter) -> None:
     with precondition.folded(drafter):
         save_trained(drafter, dcfg, cfg.out, cfg.save_dtype, extra={"num_anchors": cfg.anchors})
-    return trainer, result
+
+
+def _monitor(cfg: TrainConfig, target: Target, held: list[D.Sample], path: str, bar: ProgressBar) -> Monitor | None:
+    """Instruments and gate on the held-out samples (their features cached once, top-k included)."""
+    if not held or (cfg.instrument_every <= 0 and cfg.gate_core_hours <= 0):
+        return None
+    root = _features_dir(cfg)
+    cache = root / f"heldout-{fingerprint(held, target.tap_layer_ids, path)[:12]}" if root else None
+    features = FeatureSource(target, held, cache, chunk=cfg.chunk_sequences, dtype=cfg.feature_dtype,
+                             fingerprint_extra=path, progress=bar.message, topk=cfg.topk)
+    features.prepare()
+    return Monitor(held, features, cfg.instrument_every, cfg.seed)
+
+
+def _heldout_text(cfg: TrainConfig, data: DataConfig, tokenizer) -> list[D.Sample]:
+    if data.heldout_text <= 0:
+        return []
+    min_len = max(cfg.block_size + 2, 16)
+    return [s for f in data.heldout_prompts for s in
+            D.passage_samples(D.read_prompt_records(f), tokenizer, data.heldout_text, cfg.seq_len, min_len)]
+
+
+def _stopped_at_gate(cfg, data, dcfg, path, samples, train, held, exc: GateFailed, clock) -> dict:
+    """training.json of a run the gate stopped: the verdict and its numbers, no evaluation."""
+    state = json.loads((latest_checkpoint(cfg.out) / "state.json").read_text())
+    result = LoopResult(step=state["step"], history=state.get("history", []), train_s=state.get("train_s", 0.0),
+                        anchor_tokens=state.get("anchor_tokens", 0), cpu_s=state.get("cpu_s", 0.0),
+                        early_cpu_s=state.get("early_cpu_s", 0.0), instruments=state.get("instruments", []),
+                        gate=exc.verdict)
+    report = _report(cfg, data, dcfg, path, samples, train, held, result, {}, clock.total(), None)
+    report["stopped"] = exc.verdict["reason"]
+    (cfg.out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 class _Clock:
@@ -137,6 +198,19 @@ class _Clock:
 # ---------------------------------------------------------------- data
 
 
+def _features_dir(cfg: TrainConfig) -> Path | None:
+    if not cfg.feature_cache:
+        return None
+    return Path(cfg.features_dir) if cfg.features_dir else cfg.out / "features"
+
+
+def _extract_report(cfg: TrainConfig, features: FeatureSource, train: list[D.Sample], times: dict) -> dict:
+    report = {"features_dir": str(features.cache_dir), "chunks": features.num_chunks, "samples": len(train),
+              "tokens": sum(map(len, train)), "topk": cfg.topk, "wall_s": {k: round(v, 2) for k, v in times.items()}}
+    (cfg.out / "extract.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def _check_out(out: Path, resume: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resume and (latest_checkpoint(out) is not None or (out / "samples.jsonl").exists()):
@@ -149,6 +223,8 @@ def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool,
     # What decides the samples and the train / held-out split (eval settings may change on resume).
     keys = ("text", "exclude", "chat_prompts", "continuations", "gen_temperature", "max_samples", "heldout")
     meta = {"data": {k: getattr(data, k) for k in keys}, "seq_len": cfg.seq_len, "seed": cfg.seed}
+    if data.heldout_prompts:  # only then, so older runs' meta files still match on resume
+        meta["data"]["heldout_prompts"] = data.heldout_prompts
     if resume and path.exists():
         if meta_path.exists() and json.loads(meta_path.read_text()) != json.loads(json.dumps(meta)):
             raise OutputDirError(f"{cfg.out} was prepared with other data settings; use a new --out")
@@ -164,6 +240,10 @@ def _samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, resume: bool,
 def _build_samples(cfg: TrainConfig, data: DataConfig, model, tokenizer, bar: ProgressBar) -> list[D.Sample]:
     min_len = max(cfg.block_size + 2, 16)
     files = D.list_text_files(list(data.text), data.exclude) if data.text else []
+    if data.heldout_prompts:
+        passages = D.heldout_passages([r for f in data.heldout_prompts for r in D.read_prompt_records(f)])
+        files, dropped = D.drop_heldout_files(files, passages)
+        bar.message(f"{dropped} text files left out: held-out path split or a held-out passage inside")
     samples = D.text_samples(files, tokenizer, cfg.seq_len, min_len)
     records = [r for f in data.chat_prompts for r in D.read_prompt_records(f)]
     prompts = [D.record_prompt(r, tokenizer) for r in records]
@@ -273,6 +353,13 @@ def _calibrate(cfg: TrainConfig, target: Target, model, prompts: list[list[int]]
 # ---------------------------------------------------------------- report
 
 
+def _recipe(cfg: TrainConfig) -> dict:
+    keys = ("objective", "topk", "beta2", "weight_decay", "warmup_frac", "min_lr_frac", "hidden_weight",
+            "hidden_center", "regress_steps", "early_steps", "early_positions", "final_steps", "markov_lr_mult",
+            "train_chunks", "grow_every", "gate_core_hours", "gate_min_match", "instrument_every")
+    return {k: getattr(cfg, k) for k in keys}
+
+
 def _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times, drafter) -> dict:
     tok_s = result.anchor_tokens / result.train_s if result.train_s else 0.0
     return {
@@ -280,7 +367,8 @@ def _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times,
         "drafter": {"architecture": dcfg.architecture, "block_size": dcfg.block_size, "drafts": dcfg.max_drafts,
                     "layers": dcfg.num_hidden_layers, "markov_rank": dcfg.markov_rank,
                     "confidence_head": dcfg.enable_confidence_head, "taps": list(dcfg.target_layer_ids),
-                    "mask_token_id": dcfg.mask_token_id, "trainable_parameters": num_trainable(drafter),
+                    "mask_token_id": dcfg.mask_token_id,
+                    "trainable_parameters": num_trainable(drafter) if drafter is not None else None,
                     "save_dtype": cfg.save_dtype},
         "data": {**asdict(data), "samples": len(samples), "train_samples": len(train), "heldout_samples": len(held),
                  "train_tokens": sum(map(len, train)), "train_loss_tokens": sum(s.num_loss_tokens for s in train)},
@@ -289,7 +377,11 @@ def _report(cfg, data, dcfg, path, samples, train, held, result, heldout, times,
                   "loss_decay": cfg.loss_decay, "seed": cfg.seed, "resumed_from": result.resumed_from,
                   "train_wall_s": round(result.train_s, 2), "anchor_tokens": result.anchor_tokens,
                   "anchor_tokens_per_s": round(tok_s, 1), "feature_cache": cfg.feature_cache,
-                  "tap_scale": cfg.tap_scale},
+                  "tap_scale": cfg.tap_scale, "cpu_s": round(result.cpu_s, 2),
+                  "core_hours": round(result.cpu_s / 3600, 3),
+                  "recipe": _recipe(cfg)},
+        "instruments": result.instruments,
+        "gate": result.gate,
         "history": result.history,
         "heldout": heldout,
         "wall_s": {k: round(v, 2) for k, v in times.items()},

@@ -10,8 +10,11 @@ from typing import TextIO
 
 def format_entry(entry: dict, total: int) -> str:
     """One status line from a history entry (see `engine.train.loop`)."""
-    parts = [f"step {entry['step']}/{total}", f"loss {entry['loss']:.4f}", f"ce {entry['ce']:.3f}"]
-    for key in ("tv", "conf"):
+    parts = [f"step {entry['step']}/{total}"]
+    if entry.get("phase"):
+        parts.append(entry["phase"])
+    parts.append(f"loss {entry['loss']:.4f}")
+    for key in ("ce", "kd", "hidden", "tv", "conf"):
         if entry.get(key) is not None:
             parts.append(f"{key} {entry[key]:.3f}")
     if entry.get("acc"):

@@ -1,4 +1,4 @@
-"""Sequential temperature scaling (STS) of the confidence head (spec §1.5).
+"""Sequential temperature scaling (STS) of the confidence head (docs/method.md §3.3).
 
 Input: held-out speculative rounds, each with the confidence logits z_1..z_L of the drafts it
 verified and the number n of drafts accepted. For position k the prediction is the prefix

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from server import convert, generation
 from server.body import ignored
-from server.deps import ChatBody, RuntimeDep
+from server.deps import AppStateDep, ChatBody
 from server.openapi import error_responses, ok_response, request_body
 from server.prompt import render_chat
 
@@ -21,20 +21,20 @@ router = APIRouter(tags=["chat"])
                **error_responses(400, 401, 404, 413, 415, 421, 429, 500, 503)},
     openapi_extra=request_body("ChatCompletionRequest"),
 )
-async def create_chat_completion(request: Request, body: ChatBody, runtime: RuntimeDep) -> Response:
+async def create_chat_completion(request: Request, body: ChatBody, app_state: AppStateDep) -> Response:
     """Create a chat completion (OpenAI protocol), streamed as SSE when `stream` is true.
 
     Every refusal (400, 404, 429, 503) is returned before a stream starts; the final chunk and
     the JSON reply carry `dspark_stats`, the request's speculative-decoding statistics. Tool calls
     and reasoning are parsed out of the text; fields the server ignored are named in `X-Dspark-Ignored`.
     """
-    engine, info = runtime.ready_engine()
-    model = runtime.resolve_model(body.model, info)
+    engine, info = app_state.ready_engine()
+    model = app_state.resolve_model(body.model, info)
     prompt_ids, spec = await render_chat(body, engine, info.context_length)
     request_id = convert.new_id("chatcmpl")
     fmt = convert.ChatFormatter(request_id, model, body.include_usage, spec, logprobs=body.num_logprobs is not None)
     gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
                                      logprobs=body.num_logprobs)
-    job = generation.start(runtime, engine, gen, endpoint="chat")
-    headers = runtime.ignored_headers(ignored(request))
-    return await generation.respond(runtime, job, fmt, request, stream=bool(body.stream), headers=headers)
+    active = generation.start(app_state, engine, gen, endpoint="chat")
+    headers = app_state.ignored_headers(ignored(request))
+    return await generation.respond(app_state, active, fmt, request, stream=bool(body.stream), headers=headers)

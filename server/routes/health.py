@@ -5,22 +5,22 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from server.deps import RuntimeDep
+from server.deps import AppStateDep
 from server.metrics import CONTENT_TYPE
 from server.openapi import error_responses
 from server.protocol import Health
-from server.runtime import Runtime
+from server.runtime import AppState
 
 router = APIRouter(tags=["operations"])
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Not ready"}})
-async def health(runtime: RuntimeDep) -> JSONResponse:
+async def health(app_state: AppStateDep) -> JSONResponse:
     """200 when the engine is ready; 503 while loading, after it died, or while draining.
 
     The body says what is really served (mode and effective draft cap), never a silent fallback.
     """
-    body = _health(runtime)
+    body = _health(app_state)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.status == "ok" else 503)
 
 
@@ -30,16 +30,16 @@ async def health(runtime: RuntimeDep) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
                **error_responses(401)},
 )
-async def prometheus_metrics(runtime: RuntimeDep) -> Response:
+async def prometheus_metrics(app_state: AppStateDep) -> Response:
     """Prometheus metrics: requests, queue, latencies, tokens and speculative acceptance."""
-    return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(app_state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _health(runtime: Runtime) -> Health:
+def _health(app_state: AppState) -> Health:
     """What is served (or, until ready, what was asked for) and whether requests are admitted."""
-    engine, settings, state = runtime.engine, runtime.settings, runtime.state
+    engine, settings, state = app_state.engine, app_state.settings, app_state.state
     info = engine.info() if engine is not None and state == "ready" else None
-    if runtime.drain.draining:
+    if app_state.drain.draining:
         status = "draining"
     else:
         status = "ok" if info is not None else ("dead" if state == "dead" else "loading")
@@ -54,7 +54,7 @@ def _health(runtime: Runtime) -> Health:
         "context_length": info.context_length if info else None,
         "queue_depth": engine.queue_depth() if engine is not None and state == "ready" else 0,
         "max_queue": settings.max_queue,
-        "draining": runtime.drain.draining,
+        "draining": app_state.drain.draining,
         "dead_reason": engine.dead_reason if engine is not None and state == "dead" else None,
         "requested_mode": info.requested_mode if info else None,
         "mode_note": info.mode_note if info else None,

@@ -13,7 +13,7 @@ import statistics
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from dspark_cli.bench import core, runner, summary, write_all
+from dspark_cli.bench import core, runner, summary, write_all, wrote_message
 from dspark_cli.bench.plan import QUICK, BenchPlan
 from dspark_cli.bench.prompts import load_prompts
 from engine import costs
@@ -57,6 +57,7 @@ def test_report_files_and_structure(bench_run):
                      "dflash@1", "dflash@2", "dflash@3", "dflash@auto", "mlx-lm"]
     for png in ("speedup_vs_cap.png", "acceptance_by_position.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png in rep["plots"]
+    assert wrote_message(out, rep["plots"]).endswith("report.md and speedup_vs_cap.png, acceptance_by_position.png")
     md = (out / "report.md").read_text()
     assert "dspark@auto" in md and "Performance model: dflash" in md and "Prediction, not a measurement" in md
     assert "auto's cap before any round" in md and set(rep["auto_cap_at_start"]) == {"dspark", "dflash"}
@@ -134,3 +135,13 @@ def test_cli_plan_from_flags():
     assert _plan(build_parser().parse_args(["bench"])).per_kind is None
     with pytest.raises(SystemExit):
         _plan(build_parser().parse_args(["bench", "--modes", "eagle"]))
+
+
+def test_baseline_only_report_writes_and_claims_no_plots(bench_run, tmp_path):
+    """With no drafter arm, `dspark bench` writes no PNG and its closing line says so."""
+    rep, _, _, _ = bench_run
+    baseline_only = {**rep, "summary": {**rep["summary"], "model": {}}}
+    out = write_all(baseline_only, tmp_path / "b")
+    assert baseline_only["plots"] == [] and not list(out.glob("*.png"))
+    message = wrote_message(out, baseline_only["plots"])
+    assert "no plots" in message and ".png" not in message

@@ -1,6 +1,6 @@
 """Tiny drafter checkpoints with the real tensor names and config.json shapes of each layout.
 
-Tensor names are spelled out here from the spec (§2.2, §2.5) and DeepSpec's modeling code, not
+Tensor names are spelled out here from docs/method.md (§4.3) and DeepSpec's modeling code, not
 derived from `engine.models.drafter`, so the loader's name mapping is actually under test.
 Geometry: hidden 64, 2 draft layers, 4 heads / 2 KV heads of 16, vocab 256, block 4, taps [0, 1]
 of a 4-layer target, Markov rank 8. Weights are stored as bfloat16, as the published ones are.

@@ -20,6 +20,7 @@ from engine.models.drafter_config import DrafterConfigError
 from engine.models.target import Target
 from engine.sampling import SamplerSettings
 from engine.scheduler import Scheduler
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.train.config import TrainConfig
 from engine.train.pipeline import DataConfig, run_with_model
@@ -34,7 +35,7 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
 def _generate(target: Target, drafter, prompt: list[int], max_tokens: int, cap: int = 4) -> tuple[list[int], SpecStats]:
     """Greedy ids from SpecDecoder (drafter None: plain decoding), invariants checked every round."""
-    opts = DecodeOptions(settings=GREEDY, sampler="rejection", seed=0, stop_ids=frozenset())
+    opts = DecodeOptions(make_sampler(GREEDY, "rejection", 0), stop_ids=frozenset())
     stats = SpecStats(mode="baseline" if drafter is None else "dspark", cap=cap)
     dec = SpecDecoder(target, drafter, Scheduler(cap) if drafter is not None else None, opts, stats)
     out = dec.prefill(prompt)

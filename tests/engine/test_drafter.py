@@ -1,4 +1,4 @@
-"""Tests for the drafter config, MLX module and strict loader (spec §1.2-1.4, §2, §6.2 loading).
+"""Tests for the drafter config, MLX module and strict loader (docs/method.md §3, §4).
 
 Tiny checkpoints are written by `drafter_fixtures` with the real tensor names of each layout.
 """

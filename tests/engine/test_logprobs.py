@@ -1,8 +1,7 @@
 """Logprobs: the target's raw log-softmax of every committed token and its top-n, the same in
-speculative and baseline mode and equal to an uncached full forward; through `run_request`, one
+speculative and baseline mode and equal to an uncached full forward; through `stream_generate`, one
 TokenLogprob per visible token of each event."""
 
-import threading
 
 import mlx.core as mx
 import numpy as np
@@ -14,7 +13,7 @@ from engine.processors import ProcessorSettings
 from engine.runtime import Runtime
 from engine.scheduler import Scheduler
 from engine.text import apply_chat_template
-from engine.worker import run_request
+from engine.generate import stream_generate
 from tests.engine import tiny
 from tests.engine.smollm2_cases import QUESTIONS
 from tests.engine.test_smollm2_processors import VOCAB, decode
@@ -101,16 +100,15 @@ def tiny_runtime(tokenizer, target, mode):
 
 
 def generate(runtime, max_tokens=12, temperature=0.0, seed=0, logprobs=3, stop_ids=()):
-    """(events, finished) of one request through run_request on this thread."""
+    """(events, finished) of one request through the engine's request loop on this thread."""
     sampling = SamplingParams(temperature=temperature, seed=seed)
     request = GenerationRequest("r", (5, 6, 7), max_tokens, sampling, stop_token_ids=stop_ids, logprobs=logprobs)
-    events = []
-    finished = run_request(runtime, request, threading.Event(), events.append)
+    *events, finished = stream_generate(runtime, request)
     assert isinstance(finished, Finished)
     return events, finished
 
 
-def test_run_request_one_logprob_per_visible_token(tokenizer):
+def test_request_loop_one_logprob_per_visible_token(tokenizer):
     """Each TokenEvent carries one TokenLogprob per visible token (the ending stop id has none),
     with the token's own text and the top alternatives most likely first."""
     target = tiny.tiny_target(seed=0, scale=4.0)
@@ -132,7 +130,7 @@ def test_run_request_one_logprob_per_visible_token(tokenizer):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_run_request_logprobs_are_the_targets(tokenizer, temperature):
+def test_request_loop_logprobs_are_the_targets(tokenizer, temperature):
     """Speculative (random drafter: rejections, recovered tokens) and baseline runs report the raw
     target log p of each token and its top-3, as one uncached forward gives them."""
     target = tiny.tiny_target(seed=0, scale=4.0)

@@ -1,4 +1,4 @@
-"""End-to-end losslessness at temperature > 0 (spec 5.4.3) with negative controls (5.4.4).
+"""End-to-end losslessness at temperature > 0 with negative controls (docs/method.md, "Testing losslessness").
 
 A tiny random target with a 6-token vocabulary and a deliberately poor random DSpark drafter (many
 rejections, residual and bonus draws). The exact joint distribution of the first 3 generated
@@ -20,9 +20,10 @@ from engine.models.drafter import Drafter
 from engine.models.drafter_config import normalize_drafter_config
 from engine.models.target import Target
 from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
+from engine.samplers import RejectionSampler, make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine import drafter_fixtures as fx
-from tests.engine.test_sampling import fit
+from tests.stats import fit
 
 V, L, PROMPT, N = 6, 3, [1, 2, 3], 3000
 N_CONTROL = 1500  # broken variants fail by a wide margin; fewer draws keep the suite fast
@@ -96,32 +97,23 @@ def exact_joint(settings: sampling.SamplerSettings) -> np.ndarray:
     return probs / probs.sum()
 
 
-def _fork(template: SpecDecoder, dec: SpecDecoder) -> None:
-    """Give `dec` the template's post-prefill state (prompt in the caches, nothing sampled yet)."""
-    for mine, theirs in zip(dec.target_cache, template.target_cache):
-        n = theirs.offset
-        mine.keys, mine.values, mine.offset = theirs.keys[..., :n, :], theirs.values[..., :n, :], n
-    dec.ctx_pending = template.ctx_pending
-    dec.committed[:] = PROMPT
-
-
-def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None) -> np.ndarray:
+def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None, sampler_cls=None) -> np.ndarray:
     """Joint-cell index of the first L tokens of n independent speculative generations.
 
-    The prompt's forward pass is the same for every seed, so it runs once; each generation starts
-    from a copy of that state and samples its own first token, then runs the real rounds.
+    The prompt's forward pass is the same for every seed, so it runs once (`read_prompt`); each
+    generation is a `fork` of that state that samples its own first token, then runs real rounds.
+    `sampler_cls(settings, seed)` replaces the rejection sampler (negative controls).
     """
     drafter = drafter or DRAFTER
-    stats = SpecStats(mode="dspark", cap=4)
-    template = decoder_cls(TARGET, drafter, make_scheduler(), DecodeOptions(settings, "rejection", 0, frozenset()), stats)
-    template.prefill(PROMPT)
-    last = TARGET.model(mx.array([PROMPT]))[0, -1]  # [V] the prompt's next-token logits
+    make = sampler_cls or (lambda s, seed: make_sampler(s, "rejection", seed))
+    template = decoder_cls(TARGET, drafter, make_scheduler(), DecodeOptions(make(settings, 0), frozenset()),
+                           SpecStats(mode="dspark", cap=4))
+    template.read_prompt(PROMPT)
     cells = []
     for seed in range(n):
-        opts = DecodeOptions(settings=settings, sampler="rejection", seed=seed, stop_ids=frozenset())
-        dec = decoder_cls(TARGET, drafter, make_scheduler(), opts, SpecStats(mode="dspark", cap=4))
-        _fork(template, dec)
-        out = dec._commit([dec._sample_target(last, position=len(PROMPT))])
+        opts = DecodeOptions(make(settings, seed), stop_ids=frozenset())
+        dec = template.fork(opts, make_scheduler(), SpecStats(mode="dspark", cap=4))
+        out = dec.first_token()
         while len(out) < L:
             out += dec.step(L - len(out))
         cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
@@ -172,46 +164,58 @@ def test_control_residual_from_p(exact, monkeypatch):
     assert_detected(sample_joint(T1, SCHEDULERS["cap4"], n=N_CONTROL), exact["T1"])
 
 
-def test_control_no_bonus(exact, monkeypatch):
+class BonusFromQ(RejectionSampler):
+    """Broken: when every draft passes, the bonus token is redrawn from the last draft's q, not p."""
+
+    def accept(self, draft_ids, draft_logprobs, target_logits, anchor):
+        n, token = super().accept(draft_ids, draft_logprobs, target_logits, anchor)
+        if draft_ids and n == len(draft_ids):
+            key = sampling.mix_key(self.seed, 99, anchor)
+            token = sampling.categorical_token(draft_logprobs[n - 1], key).item()
+        return n, token
+
+
+class MarkovSpy:
+    """The drafter, recording the Markov bias of the draft row formed last."""
+
+    def __init__(self, drafter):
+        self._drafter, self.last_bias = drafter, None
+
+    def __getattr__(self, name):
+        return getattr(self._drafter, name)
+
+    def markov_bias(self, prev_ids, h=None):
+        self.last_bias = self._drafter.markov_bias(prev_ids, h)  # [1, V]
+        return self.last_bias
+
+
+def q_without_markov(spy: MarkovSpy):
+    """A rejection sampler class whose q for the accept rule omits the Markov bias (broken)."""
+    class NoMarkovQ(RejectionSampler):
+        def draft_token(self, logits, position):
+            token, _ = super().draft_token(logits, position)
+            return token, sampling.process_logits(logits - spy.last_bias[0], self.settings)
+
+    return NoMarkovQ
+
+
+def test_control_no_bonus(exact):
     """Negative control: replacing the bonus draw with a resample from q is detected."""
-    def from_q(draft_ids, draft_logprobs, target_logprobs, key):
-        if draft_logprobs is None:  # no drafts this round (budget): nothing to swap
-            return sampling.sample_from_logprobs(target_logprobs[0], key)
-        return sampling.sample_from_logprobs(draft_logprobs[len(draft_ids) - 1], key)
-
-    monkeypatch.setattr(sampling, "_bonus", from_q)
-    assert_detected(sample_joint(T1, SCHEDULERS["cap1"], n=N_CONTROL), exact["T1"])
+    assert_detected(sample_joint(T1, SCHEDULERS["cap1"], n=N_CONTROL, sampler_cls=BonusFromQ), exact["T1"])
 
 
-def test_control_q_without_markov(exact, monkeypatch):
+def test_control_q_without_markov(exact):
     """Negative control: verifying with q that omits the Markov bias is detected."""
-    class NoMarkovQ(SpecDecoder):
-        def _sample_draft(self, logits, position):
-            token, _ = super()._sample_draft(logits, position)
-            h_logits = logits - self._last_bias  # the base distribution U_k alone
-            return token, sampling.process_logits(h_logits, self.opts.settings)
-
-        def _draft(self, limit):
-            orig = self.drafter.markov_bias
-
-            def spy(prev_ids, h=None):
-                self._last_bias = orig(prev_ids, h)[0]
-                return self._last_bias[None]
-
-            self.drafter.markov_bias = spy
-            try:
-                return super()._draft(limit)
-            finally:
-                del self.drafter.markov_bias
-
-    assert_detected(sample_joint(T1, SCHEDULERS["cap4"], NoMarkovQ, n=N_CONTROL), exact["T1"])
+    spy = MarkovSpy(DRAFTER)
+    cells = sample_joint(T1, SCHEDULERS["cap4"], n=N_CONTROL, drafter=spy, sampler_cls=q_without_markov(spy))
+    assert_detected(cells, exact["T1"])
 
 
 def test_control_peeking_scheduler(exact):
     """Negative control: a scheduler that looks at x_k before admitting it is detected."""
     class Peeking(SpecDecoder):
-        def _draft(self, limit):
-            ids, logq = super()._draft(limit)
+        def draft(self, limit):
+            ids, logq = super().draft(limit)
             # Retrospective truncation: verify a draft only if it was a likely one (q(x_k) > 0.5).
             keep = 0
             while keep < len(ids) and logq[keep, ids[keep]].item() > math.log(0.5):

@@ -1,4 +1,4 @@
-"""Losslessness at temperature 1 with strong penalties on (test_lossless.py's design, spec 5.4.3).
+"""Losslessness at temperature 1 with strong penalties on (test_lossless.py's design, docs/method.md §7.3).
 
 The tiny 6-token target and the poor random DSpark drafter of test_lossless.py; the exact joint
 distribution of the first 3 generated tokens comes from the chain rule over uncached target
@@ -17,9 +17,10 @@ from engine import processors
 from engine.api import SpecStats
 from engine.processors import ProcessorSettings
 from engine.sampling import SamplerSettings
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine.test_lossless import (
-    DRAFTER, L, N, N_CONTROL, PROMPT, SCHEDULERS, TARGET, V, _fork, assert_detected, assert_lossless,
+    DRAFTER, L, N, N_CONTROL, PROMPT, SCHEDULERS, TARGET, V, assert_detected, assert_lossless,
 )
 from tests.engine.test_processors import reference
 
@@ -48,19 +49,15 @@ def sample_joint(procs: ProcessorSettings, sampler: str, n: int) -> np.ndarray:
 
     As in test_lossless.sample_joint, the prompt's forward runs once and each generation forks it.
     """
-    def decoder(seed):
-        opts = DecodeOptions(T1, sampler, seed, frozenset(), processors=procs)
-        return SpecDecoder(TARGET, DRAFTER, SCHEDULERS["cap4"](), opts, SpecStats(mode="dspark", cap=4))
+    def opts(seed):
+        return DecodeOptions(make_sampler(T1, sampler, seed), frozenset(), processors=procs)
 
-    template = decoder(0)
-    template.prefill(PROMPT)
-    last = TARGET.model(mx.array([PROMPT]))[0, -1]  # [V] the prompt's next-token logits
+    template = SpecDecoder(TARGET, DRAFTER, SCHEDULERS["cap4"](), opts(0), SpecStats(mode="dspark", cap=4))
+    template.read_prompt(PROMPT)
     cells = []
     for seed in range(n):
-        dec = decoder(seed)
-        _fork(template, dec)
-        dec.processor.add_prompt(PROMPT)  # what prefill does besides the forward
-        out = dec._commit([dec._sample_target(last, position=len(PROMPT))])
+        dec = template.fork(opts(seed), SCHEDULERS["cap4"](), SpecStats(mode="dspark", cap=4))
+        out = dec.first_token()
         while len(out) < L:
             out += dec.step(L - len(out))
         cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))

@@ -1,4 +1,4 @@
-"""Tests for engine.sampling: logit processing, accept rules and losslessness (spec §4, §5.4).
+"""Tests for engine.sampling: logit processing, accept rules and losslessness (docs/method.md §5, §7.2).
 
 Statistical tests use fixed seeds, so they are deterministic. Each distribution check is the same
 pair of criteria: Pearson chi-square p-value > ALPHA (cells with expected count < 5 merged) and
@@ -26,64 +26,15 @@ from engine.sampling import (
     sample_draft,
     seed_stable_accept,
     seed_stable_draft,
-    seed_stable_sample,
+    seed_stable_token,
 )
 
-ALPHA = 1e-4  # chi-square p-value threshold
+from tests.stats import ALPHA, chi2_sf, fit
+
 NEG_INF = float("-inf")
 
 # ---------------------------------------------------------------------------------------------
 # Statistics helpers
-
-
-def chi2_sf(stat: float, dof: int) -> float:
-    """Survival function of the chi-square distribution, closed form for integer dof."""
-    x = stat / 2.0
-    if dof % 2 == 0:
-        term = total = math.exp(-x)
-        for i in range(1, dof // 2):
-            term *= x / i
-            total += term
-        return total
-    total = math.erfc(math.sqrt(x))
-    term = math.exp(-x) * 2.0 * math.sqrt(x / math.pi)  # x^(1/2) e^-x / Gamma(3/2)
-    for i in range(1, (dof + 1) // 2):
-        total += term
-        term *= x / (i + 0.5)
-    return total
-
-
-def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson goodness of fit; cells with expected count < 5 are pooled into one cell."""
-    n = counts.sum()
-    if counts[probs <= 0].sum() > 0:
-        return 0.0  # a zero-probability token was emitted
-    obs, exp = counts[probs > 0].astype(float), n * probs[probs > 0]
-    small = exp < 5
-    cells_o, cells_e = list(obs[~small]), list(exp[~small])
-    if small.any():
-        pool_o, pool_e = obs[small].sum(), exp[small].sum()
-        if pool_e < 5 and cells_e:  # still too small: fold into the smallest regular cell
-            j = int(np.argmin(cells_e))
-            cells_o[j] += pool_o
-            cells_e[j] += pool_e
-        else:
-            cells_o.append(pool_o)
-            cells_e.append(pool_e)
-    o, e = np.array(cells_o), np.array(cells_e)
-    if len(o) < 2:
-        return 1.0
-    return chi2_sf(float(((o - e) ** 2 / e).sum()), len(o) - 1)
-
-
-def fit(tokens, probs: np.ndarray) -> tuple[float, float, float]:
-    """(chi-square p-value, TV(p_hat, p), TV bound 1.5*sqrt(K/N)) for token samples vs probs."""
-    probs = np.asarray(probs, dtype=np.float64)
-    probs = probs / probs.sum()
-    counts = np.bincount(np.asarray(tokens), minlength=len(probs))
-    n = counts.sum()
-    tv = 0.5 * np.abs(counts / n - probs).sum()
-    return chi_square_pvalue(counts, probs), tv, 1.5 * math.sqrt(len(probs) / n)
 
 
 def assert_fits(tokens, probs) -> None:
@@ -466,7 +417,7 @@ def residual_from_p(p, q):
 
 
 def bonus_resampled_from_q(draft_ids, draft_logprobs, target_logprobs, key):
-    return sampling.sample_from_logprobs(draft_logprobs[len(draft_ids) - 1], key)
+    return sampling.categorical_token(draft_logprobs[len(draft_ids) - 1], key).item()
 
 
 def bonus_repeats_last_draft(draft_ids, draft_logprobs, target_logprobs, key):
@@ -556,7 +507,7 @@ def seed_stable_decode(table: mx.array, seed: int, rng: np.random.Generator, pro
     tokens, plain seed-stable tokens, fraction of drafts accepted).
     """
     num_positions = table.shape[0]
-    baseline = [seed_stable_sample(table[i], seed, i) for i in range(num_positions)]
+    baseline = [seed_stable_token(table[i], seed, i).item() for i in range(num_positions)]
     out: list[int] = []
     num_accepted = num_drafted = 0
     while len(out) < num_positions:
@@ -608,7 +559,7 @@ def test_seed_stable_accept_emits_baseline_tokens_for_any_draft(mode):
 def test_seed_stable_accept_perfect_and_wrong_drafts():
     """A perfect draft is fully accepted with the bonus; a wrong first draft accepts nothing."""
     table = logs(np.stack([dirichlet(9, np.random.default_rng(i)) for i in range(4)]))
-    target = [seed_stable_sample(table[k], 3, 20 + k) for k in range(4)]
+    target = [seed_stable_token(table[k], 3, 20 + k).item() for k in range(4)]
     assert seed_stable_accept(target[:3], table, 3, 20) == (3, target[3])
     assert seed_stable_accept([(target[0] + 1) % 9] + target[1:3], table, 3, 20) == (0, target[0])
 
@@ -616,7 +567,7 @@ def test_seed_stable_accept_perfect_and_wrong_drafts():
 def test_seed_stable_sample_over_seeds_matches_p():
     """Across seeds, seed_stable_sample at a fixed position is an exact draw from p."""
     p = P_STEP
-    tokens = [seed_stable_sample(logs(p), seed, 17) for seed in range(20_000)]
+    tokens = [seed_stable_token(logs(p), seed, 17).item() for seed in range(20_000)]
     assert_fits(tokens, p)
 
 
@@ -626,6 +577,6 @@ def test_seed_stable_draft_is_coupled_and_samples_q():
     s = SamplerSettings(temperature=1.1, top_p=0.97)
     logp = process_logits(logits, s)
     drafts = [seed_stable_draft(logits, s, seed, 5) for seed in range(8_000)]
-    assert drafts == [seed_stable_sample(logp, seed, 5) for seed in range(8_000)]
+    assert drafts == [seed_stable_token(logp, seed, 5).item() for seed in range(8_000)]
     assert_fits(drafts, np.exp(np.array(logp, dtype=np.float64)))
     assert seed_stable_draft(logits, SamplerSettings(), 0, 5) == int(mx.argmax(logits).item())

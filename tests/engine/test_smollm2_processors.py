@@ -11,6 +11,7 @@ from engine.api import SpecStats
 from engine.processors import ProcessorSettings
 from engine.sampling import SamplerSettings
 from engine.scheduler import Scheduler
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.text import apply_chat_template
 from tests.engine import tiny
@@ -36,7 +37,7 @@ CASES = {
 def decode(target, prompt, n, procs, drafter=None, logprobs=None):
     """Greedy decode of n tokens (baseline when drafter is None); invariants checked every round.
     Returns (tokens, decoder, per-token logprobs or None)."""
-    opts = DecodeOptions(SamplerSettings(), "rejection", 0, frozenset(), processors=procs, logprobs=logprobs)
+    opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), frozenset(), processors=procs, logprobs=logprobs)
     dec = SpecDecoder(target, drafter, None if drafter is None else Scheduler(4), opts,
                       SpecStats(mode="baseline" if drafter is None else "dspark", cap=4))
     if isinstance(drafter, tiny.OracleDrafter):

@@ -1,7 +1,6 @@
 """seed-stable sampling on the real default model (SmolLM2-135M): one seed, the same tokens in every
 mode and at every cap. A file of its own so it runs beside the greedy test under pytest-xdist."""
 
-import threading
 
 import mlx.core as mx
 import pytest
@@ -12,7 +11,7 @@ from engine.models.drafter import Drafter
 from engine.models.drafter_config import normalize_drafter_config
 from engine.runtime import build_runtime
 from engine.text import apply_chat_template
-from engine.worker import run_request
+from engine.generate import generate
 from tests.engine.smollm2_cases import QUESTIONS, geometry_config
 
 
@@ -31,8 +30,7 @@ def drafter_dirs(tmp_path_factory):
 def _run(runtime, prompt, seed, n=24, temperature=0.8):
     request = GenerationRequest("t", tuple(prompt), n, SamplingParams(temperature=temperature, top_p=0.95, seed=seed,
                                                                        sampler="seed-stable"))
-    ids = []
-    finished = run_request(runtime, request, threading.Event(), lambda ev: ids.extend(ev.token_ids))
+    ids, _, finished = generate(runtime, request)
     return ids, finished
 
 

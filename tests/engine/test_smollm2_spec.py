@@ -8,6 +8,7 @@ from engine.api import SpecStats
 from engine.models.target import Target
 from engine.sampling import SamplerSettings
 from engine.scheduler import Scheduler
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from engine.text import apply_chat_template
 from tests.engine import tiny
@@ -35,7 +36,7 @@ def test_greedy_equivalence_20_prompts(default_target):
         # Replay the reference with every 3rd/4th/7th position corrupted: mixed accept lengths,
         # rejections, roll-backs and bonus tokens (a period of 5 = cap + 1 would always hit the bonus).
         drafter = tiny.OracleDrafter(target, reference=prompt + plain, corrupt_every=(3, 4, 7)[i % 3], vocab=49152)
-        opts = DecodeOptions(settings=SamplerSettings(), sampler="rejection", seed=0, stop_ids=frozenset())
+        opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), stop_ids=frozenset())
         dec = SpecDecoder(target, drafter, Scheduler(4), opts, SpecStats(mode="dspark", cap=4))
         drafter.committed = dec.committed_view()
         out = dec.prefill(prompt)

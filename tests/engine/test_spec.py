@@ -6,17 +6,18 @@ import pytest
 from engine.api import SpecStats
 from engine.sampling import SamplerSettings
 from engine.scheduler import PROBE_EVERY, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
+from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine import tiny
 
 PROMPTS = [[1, 17, 42, 99, 5], [200, 3, 3, 3, 7, 8, 9, 10, 11, 12], [64]]
 GREEDY = SamplerSettings(temperature=0.0)
-TIE_EPS = 1e-4  # fp32 top1 - top2 gap below which a divergence counts as a tie (spec 5.5)
+TIE_EPS = 1e-4  # fp32 top1 - top2 gap below which a divergence counts as a tie (docs/method.md §7.1)
 
 
 def make_decoder(target, drafter, cap, settings=GREEDY, sampler="rejection", seed=0, stop_ids=(), scheduler=None):
     """A SpecDecoder with a fixed-cap scheduler unless one is given."""
-    opts = DecodeOptions(settings=settings, sampler=sampler, seed=seed, stop_ids=frozenset(stop_ids))
+    opts = DecodeOptions(make_sampler(settings, sampler, seed), stop_ids=frozenset(stop_ids))
     stats = SpecStats(mode="baseline" if drafter is None else "dspark", cap=cap)
     dec = SpecDecoder(target, drafter, scheduler or (Scheduler(cap) if drafter is not None else None), opts, stats)
     if isinstance(drafter, tiny.OracleDrafter):
@@ -116,7 +117,7 @@ def test_index_convention_and_cache_against_uncached_reference(target, layout):
         for forced in (0, 2, 1, 3, 0, 2):
             committed = list(dec.committed)
             p = len(committed) - 1
-            drafts, _ = dec._draft(limit=cfg.max_drafts)
+            drafts, _ = dec.draft(limit=cfg.max_drafts)
             # Independent reference: taps of committed[:p] from a fresh uncached target forward.
             _, taps = target.forward(mx.array([committed[:p]]), target.make_cache())
             block = mx.array([[committed[-1]] + [cfg.mask_token_id] * (cfg.block_size - 1)])

@@ -14,7 +14,7 @@ from engine import backend
 from engine.client import EngineClient
 from engine.runtime import Runtime
 from engine.scheduler import CostCurve, Scheduler
-from engine.worker import run_request
+from engine.generate import generate
 from tests.engine import tiny
 
 
@@ -227,8 +227,7 @@ def test_decode_rounds_run_at_the_curves_thread_count(tokenizer):
     for c in (curve, None):
         runtime = Runtime(spy, drafter, tokenizer, info, frozenset(), SpecConfig(mode="dspark", max_draft=2), c)
         spy.seen.clear()
-        ids = []
-        run_request(runtime, request(max_tokens=12), threading.Event(), lambda ev: ids.extend(ev.token_ids))
+        ids, _, _ = generate(runtime, request(max_tokens=12))
         results.append(ids)
         if c is not None:
             seen = list(spy.seen)

@@ -139,6 +139,7 @@ class AsgiCall:
         self.sent: list[dict[str, Any]] = []
         self.disconnect = asyncio.Event()
         self._body_sent = False
+        self._sent_more = asyncio.Condition()
         self.task: asyncio.Task | None = None
 
     @property
@@ -159,6 +160,13 @@ class AsgiCall:
 
     async def _send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
+        async with self._sent_more:
+            self._sent_more.notify_all()
+
+    async def wait_sent(self, predicate: Any, timeout: float = 10.0) -> None:
+        """Wait until `predicate(self)` holds, checked again at every message the app sends."""
+        async with self._sent_more:
+            await asyncio.wait_for(self._sent_more.wait_for(lambda: predicate(self)), timeout)
 
     def start(self) -> AsgiCall:
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",

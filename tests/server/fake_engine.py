@@ -3,24 +3,22 @@
 Like the real worker it runs one request at a time in submission order (a background task per
 request waits for the single slot), bounds the waiting queue, posts one `TokenEvent` per round and
 exactly one terminal event, and frees a cancelled request at the next round boundary, also while
-it is queued. It records submissions, encodings and cancels for the tests to inspect.
+it is queued. Admission checks and reading a request's queue are the real client's functions. It
+records submissions, encodings and cancels for the tests to inspect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.api import (
-    ContextLengthExceeded,
-    EngineDead,
     EngineError,
     EngineInfo,
     EngineInputError,
-    EngineNotReady,
-    EngineOverloaded,
     Failed,
     Finished,
     GenerationRequest,
@@ -28,6 +26,7 @@ from engine.api import (
     TokenEvent,
     Usage,
 )
+from engine.client import require_queue_room, require_ready, take_event, validate_request
 
 INFO = EngineInfo(model_id="fake-model", model_path="/models/fake", mode="dspark", drafter="fake-drafter", cap=4,
                   context_length=256, sampler="rejection")
@@ -52,13 +51,19 @@ def echo_script(request: GenerationRequest) -> Script:
     return Script(rounds=["Hel", "lo", f" #{digest}"])
 
 
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @dataclass(eq=False)
 class FakeHandle:
-    """The request handle: queue position and the per-request event queue."""
+    """The request handle: queue position and the per-request queue of events and interrupts."""
 
     request: GenerationRequest
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
+    finished: bool = False
     queue_position: int = 0
     task: asyncio.Task | None = None
 
@@ -86,6 +91,8 @@ class FakeEngine:
         self._slot = asyncio.Lock()
         self.started = False
         self.shut_down = False
+        self._state_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._state_lock = threading.Lock()  # set_state may come from another thread
 
     # -- lifecycle and state --------------------------------------------------------------------
     def start(self) -> None:
@@ -96,7 +103,25 @@ class FakeEngine:
         return self._state
 
     def set_state(self, state: str, reason: str | None = None) -> None:
-        self._state, self.dead_reason_text = state, reason
+        """Change state (from any thread), waking `wait_ready` once loading ends."""
+        with self._state_lock:
+            self._state, self.dead_reason_text = state, reason
+            if state == "loading":
+                return
+            waiters, self._state_waiters = self._state_waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_wake, future)
+
+    async def wait_ready(self) -> str:
+        """Wait until the state is no longer "loading"; return it."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._state_lock:
+            if self._state != "loading":
+                return self._state
+            self._state_waiters.append((loop, future))
+        await future
+        return self._state
 
     @property
     def dead_reason(self) -> str | None:
@@ -131,19 +156,12 @@ class FakeEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> FakeHandle:
-        if self._state == "loading":
-            raise EngineNotReady("models are loading")
-        if self._state == "dead":
-            raise EngineDead(f"engine is dead: {self.dead_reason_text}")
+        require_ready(self._state, self.dead_reason_text)
         if self.submit_error is not None:
             raise self.submit_error
-        self._validate_ids(request)
-        if len(request.prompt_ids) + request.max_tokens > self._info.context_length:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self._info.context_length} tokens; the prompt has "
-                f"{len(request.prompt_ids)} and max_tokens is {request.max_tokens}.", param="max_tokens")
-        if len(self._waiting) >= self.max_queue and self._slot.locked():
-            raise EngineOverloaded(f"queue full ({self.max_queue} waiting)")
+        validate_request(request, self._info)
+        # Only requests behind a running one wait: with the slot free the first of them starts now.
+        require_queue_room(len(self._waiting) if self._slot.locked() else 0, self.max_queue)
         self.submitted.append(request)
         handle = FakeHandle(request)
         self._waiting.append(handle)
@@ -151,18 +169,20 @@ class FakeEngine:
         handle.task = asyncio.ensure_future(self._work(handle))
         return handle
 
-    async def stream(self, handle: FakeHandle) -> AsyncIterator[TokenEvent | Finished]:
+    async def next_event(self, handle: FakeHandle, timeout: float | None = None) -> TokenEvent | Finished | None:
+        """As `EngineClient.next_event`: whatever is raised cancels the request."""
         try:
-            while True:
-                event = await handle.events.get()
-                if isinstance(event, Failed):
-                    raise event.error
-                yield event
-                if isinstance(event, Finished):
-                    return
-        except (asyncio.CancelledError, GeneratorExit):
+            event = await take_event(handle.events, timeout)
+        except BaseException:
             self.cancel(handle)
             raise
+        if isinstance(event, Finished):
+            handle.finished = True
+        return event
+
+    def interrupt(self, handle: FakeHandle, exc: BaseException) -> None:
+        """Deliver `exc` through the request's queue (event loop thread only)."""
+        handle.events.put_nowait(exc)
 
     def cancel(self, handle: FakeHandle) -> None:
         if handle.cancelled:
@@ -172,14 +192,6 @@ class FakeEngine:
         if handle in self._waiting:
             self._waiting.remove(handle)
             self._renumber()
-
-    def _validate_ids(self, request: GenerationRequest) -> None:
-        """Token ids within the vocabulary, as `EngineClient._validate` checks them (when it is known)."""
-        vocab = self._info.vocab_size
-        if vocab and any(not 0 <= t < vocab for t in request.prompt_ids):
-            raise EngineInputError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if vocab and any(not 0 <= t < vocab for t, _ in request.sampling.logit_bias):
-            raise EngineInputError(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
 
     # -- the "worker" ---------------------------------------------------------------------------
     def _renumber(self) -> None:

@@ -95,7 +95,7 @@ async def test_dead_is_503_with_reason():
 async def test_draining_refuses_new_requests():
     """Once draining, /health is 503 and new requests get 503 server_shutting_down."""
     app = create_app(settings(), FakeEngine())
-    app.state.runtime.drain.begin()
+    app.state.app_state.drain.begin()
     async with _client(app) as c:
         health = await c.get("/health")
         r = await c.post(CHAT, json=chat_body())

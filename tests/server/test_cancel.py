@@ -122,7 +122,7 @@ async def test_drain_deadline_interrupts_non_streaming_request():
     app = create_app(settings(drain_grace_s=0.1), engine)
     call = AsgiCall(app, CHAT, chat_body()).start()
     await wait_until(lambda: len(engine.submitted) == 1)
-    app.state.runtime.drain.begin()
+    app.state.app_state.drain.begin()
     await call.finish(1.0)
     assert call.status == 503 and '"server_shutting_down"' in call.body
     assert engine.cancelled == [engine.submitted[0].request_id]

@@ -86,3 +86,26 @@ async def test_cancelled_requests_are_counted():
         samples = await _scrape(c)
     assert _get(samples, "dspark_requests_total", endpoint="chat", outcome="cancelled") == 1
     assert _get(samples, "dspark_requests_running") == 0
+
+
+async def test_an_admitted_request_that_fails_is_counted_once():
+    """A non-streaming request whose engine fails after admission is one `error`, and a refusal one `invalid`."""
+    import httpx
+
+    from engine.api import EngineError
+    from server.app import create_app
+    from tests.server.conftest import settings
+    from tests.server.fake_engine import FakeEngine, Script
+
+    engine = FakeEngine(lambda r: Script(rounds=["a", "b"], fail_after=1, fail_with=EngineError("boom")))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(settings(), engine)),
+                                 base_url="http://127.0.0.1") as c:
+        failed = await c.post(CHAT, json=chat_body())
+        refused = await c.post(CHAT, json=chat_body(n=2))
+        samples = await _scrape(c)
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    assert refused.status_code == 400
+    counts = {o: _get(samples, "dspark_requests_total", endpoint="chat", outcome=o)
+              for o in ("ok", "error", "invalid", "cancelled")}
+    assert counts == {"ok": 0, "error": 1, "invalid": 1, "cancelled": 0}
+    assert _get(samples, "dspark_requests_running") == 0

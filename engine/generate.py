@@ -1,0 +1,97 @@
+"""The request loop: one request through a loaded runtime, as a generator of events.
+
+`stream_generate(runtime, request)` yields one `TokenEvent` per round (text already detokenized and
+stop-matched) and then exactly one `Finished`. Stopping the iteration early (`close()`, or
+leaving a for-loop) abandons the request at a round boundary. The worker thread, `dspark
+generate`, the benchmark and the held-out evaluation all consume this one loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from engine.api import Finished, GenerationRequest, SpecStats, TokenEvent, TokenLogprob, Usage
+from engine.backend import blas_threads
+from engine.processors import ProcessorSettings
+from engine.runtime import Runtime
+from engine.samplers import make_sampler
+from engine.sampling import SamplerSettings
+from engine.spec import DecodeOptions, SpecDecoder
+from engine.text import IncrementalDetokenizer, StopMatcher
+
+
+def stream_generate(runtime: Runtime, request: GenerationRequest) -> Iterator[TokenEvent | Finished]:
+    """TokenEvents of `request`, one per round, then its Finished (always the last item)."""
+    stats = SpecStats(mode=runtime.info.mode, cap=runtime.info.cap)
+    decoder = SpecDecoder(runtime.target, runtime.drafter, runtime.make_scheduler(), decode_options(runtime, request),
+                          stats)
+    detok = IncrementalDetokenizer(runtime.tokenizer)
+    stops = StopMatcher(list(request.stop))
+    total: list[int] = []
+    tokens = decoder.prefill(list(request.prompt_ids))  # long matrices: the BLAS as loaded
+    with blas_threads(runtime.decode_threads):  # a few rows per product: the measured decode count
+        while True:
+            total += tokens
+            visible = _visible(tokens, decoder)
+            text, stopped = stops.push(detok.add(visible))
+            if tokens or text:
+                yield TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime))
+            if stopped or decoder.done:
+                reason = "stop"
+                break
+            if len(total) >= request.max_tokens:
+                reason = "length"
+                break
+            tokens = decoder.step(request.max_tokens - len(total))
+    tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
+    if stops.stopped:
+        reason = "stop"
+    usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(total))
+    yield Finished(reason=reason, usage=usage, stats=stats, text=tail)
+
+
+def generate(runtime: Runtime, request: GenerationRequest) -> tuple[list[int], str, Finished]:
+    """Run `request` to the end: (token ids, text, Finished)."""
+    ids: list[int] = []
+    text: list[str] = []
+    for event in stream_generate(runtime, request):
+        if isinstance(event, Finished):
+            return ids, "".join(text) + event.text, event
+        ids += event.token_ids
+        text.append(event.text)
+    raise AssertionError("stream_generate ended without Finished")
+
+
+def decode_options(runtime: Runtime, request: GenerationRequest) -> DecodeOptions:
+    """The decoder's options for a request: its sampler (a fresh seed if none), stops and processors."""
+    s = request.sampling
+    settings = SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
+    seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little")
+    stop_ids = runtime.eos_ids | frozenset(request.stop_token_ids)
+    # The prompt's part of the processors' history is added by the decoder's prefill.
+    processors = ProcessorSettings(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                                   repetition_penalty=s.repetition_penalty, logit_bias=tuple(s.logit_bias))
+    sampler = make_sampler(settings, s.sampler or runtime.spec.sampler, seed)
+    return DecodeOptions(sampler=sampler, stop_ids=stop_ids, processors=processors, logprobs=request.logprobs)
+
+
+def _visible(tokens: list[int], decoder: SpecDecoder) -> list[int]:
+    # An EOS/stop id ends generation but is not part of the text.
+    if decoder.done and tokens and tokens[-1] in decoder.opts.stop_ids:
+        return tokens[:-1]
+    return tokens
+
+
+def _event_logprobs(decoder: SpecDecoder, visible: list[int], runtime: Runtime) -> list[TokenLogprob] | None:
+    """TokenLogprobs of the visible tokens the decoder just committed (None when not asked for)."""
+    if decoder.last_logprobs is None:
+        return None
+
+    def text(token_id: int) -> str:  # each id alone, special tokens kept (OpenAI's `token`)
+        return runtime.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return [
+        TokenLogprob(token_id=t, token=text(t), logprob=lp, top=[(i, text(i), v) for i, v in top])
+        for t, (lp, top) in zip(visible, decoder.last_logprobs)
+    ]
