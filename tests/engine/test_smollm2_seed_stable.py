@@ -12,6 +12,7 @@ from engine.models.drafter_config import normalize_drafter_config
 from engine.runtime import build_runtime
 from engine.text import apply_chat_template
 from engine.generate import generate
+from dspark_cli.bench.arms import with_cap
 from tests.engine.smollm2_cases import QUESTIONS, geometry_config
 
 
@@ -37,12 +38,13 @@ def _run(runtime, prompt, seed, n=24, temperature=0.8):
 def test_seed_stable_same_tokens_across_modes_and_caps(default_model_dir, drafter_dirs):
     """seed-stable: one seed gives identical tokens in baseline, dspark and dflash at several caps
     (and greedy output is identical across them)."""
-    configs = [("baseline", None, 1)] + [("dspark", drafter_dirs["dspark"], c) for c in (1, 3, 5)] + \
-              [("dflash", drafter_dirs["dflash"], c) for c in (2, 4)]
-    runtimes = {}
-    for mode, drafter, cap in configs:
-        spec = SpecConfig(mode=mode, drafter=str(drafter) if drafter else None, max_draft=cap, sampler="seed-stable")
-        runtimes[(mode, cap)] = build_runtime(EngineConfig(model=str(default_model_dir), spec=spec))
+    # One load per mode (the target and drafter are shared); the caps are the same runtime re-capped.
+    loaded = {mode: build_runtime(EngineConfig(model=str(default_model_dir), spec=SpecConfig(
+        mode=mode, drafter=str(drafter_dirs[mode]) if mode != "baseline" else None, max_draft=1,
+        sampler="seed-stable"))) for mode in ("baseline", "dspark", "dflash")}
+    runtimes = {("baseline", 1): loaded["baseline"]}
+    runtimes |= {("dspark", c): with_cap(loaded["dspark"], c) for c in (1, 3, 4)}
+    runtimes |= {("dflash", c): with_cap(loaded["dflash"], c) for c in (2, 4)}
     tok = runtimes[("baseline", 1)].tokenizer
     for seed, question in [(1, QUESTIONS[5]), (2, QUESTIONS[11])]:
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
