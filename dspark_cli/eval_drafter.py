@@ -39,12 +39,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from engine.runtime import build_runtime
 
-    if args.mode == "baseline":
-        print("error: eval-drafter measures a drafter; choose --mode dspark or dflash", file=sys.stderr)
+    if args.mode in ("baseline", "lookup"):
+        print("error: eval-drafter measures a trained drafter; choose --mode dspark or dflash", file=sys.stderr)
         return 2
     runtime = build_runtime(engine_config(args), stderr_progress)
-    if runtime.drafter is None:
-        print(f"error: {runtime.info.mode_note}", file=sys.stderr)
+    if runtime.info.drafter_kind not in ("dspark", "dflash"):
+        print(f"error: {runtime.info.mode_note or 'no trained drafter is loaded'}", file=sys.stderr)
         return 2
     report = {"model": runtime.info.model_id, "drafter": runtime.info.drafter, "mode": runtime.info.mode,
               "max_tokens": args.max_tokens, "sets": {}}

@@ -24,7 +24,8 @@ _SERVER_FLAGS: tuple[tuple[str, str, str], ...] = (
 )
 _METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "allowed_hosts": "HOSTS",
              "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS"}
-_SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization")
+_SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization",
+               "lookup_min_ngram")
 
 
 def add_parser(sub) -> None:
@@ -60,8 +61,9 @@ def run(args) -> int:
     from server.run import serve
 
     def announce(info) -> None:
+        drafter = " ".join(part for part in (info.drafter_kind, info.drafter) if part) or "none"
         print(f"dspark-serve ready: {settings.base_url()}  (model {info.model_id}, mode {info.mode}, "
-              f"drafter {info.drafter}, cap {info.cap})", flush=True)
+              f"drafter {drafter}, cap {info.cap})", flush=True)
 
     print(f"dspark-serve loading the model; {settings.base_url()} answers /health with 503 until ready",
           flush=True)

@@ -20,14 +20,18 @@ def max_draft_value(text: str) -> int | str:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    """--model, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization."""
+    """--model, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization,
+    --lookup-min-ngram."""
     env = os.environ.get
     p.add_argument("--model", default=env("DSPARK_MODEL"),
                    help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct [env DSPARK_MODEL]")
     p.add_argument("--drafter", default=env("DSPARK_DRAFTER"),
                    help="drafter directory or Hugging Face id; default: the shipped/published one [env DSPARK_DRAFTER]")
-    p.add_argument("--mode", choices=["dspark", "dflash", "baseline"], default=env("DSPARK_MODE", "dspark"),
-                   help="decoding mode [env DSPARK_MODE]")
+    p.add_argument("--mode", choices=["dspark", "dflash", "lookup", "auto", "baseline"],
+                   default=env("DSPARK_MODE", "dspark"),
+                   help="decoding mode: a trained drafter (dspark, dflash), drafts copied from the prompt and output "
+                        "(lookup), a trained drafter when one is known else lookup (auto), or none (baseline) "
+                        "[env DSPARK_MODE]")
     p.add_argument("--sampler", choices=["rejection", "seed-stable"], default=env("DSPARK_SAMPLER", "rejection"),
                    help="lossless sampler for temperature > 0 [env DSPARK_SAMPLER]")
     p.add_argument("--max-draft", type=max_draft_value, default=max_draft_value(env("DSPARK_MAX_DRAFT", "auto")),
@@ -36,6 +40,20 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="stop drafting when the prefix survival falls below this [env DSPARK_CONFIDENCE_THRESHOLD]")
     p.add_argument("--drafter-quantization", choices=["bf16", "8bit", "4bit"], default=env("DSPARK_DRAFTER_QUANTIZATION"),
                    help="quantize the drafter (lossless; may change acceptance) [env DSPARK_DRAFTER_QUANTIZATION]")
+    p.add_argument("--lookup-min-ngram", type=_min_ngram, metavar="N", default=_min_ngram(env("DSPARK_LOOKUP_MIN_NGRAM", "2")),
+                   help="lookup drafts after a context match of 3 tokens, else of down to N (default: 2) "
+                        "[env DSPARK_LOOKUP_MIN_NGRAM]")
+
+
+def _min_ngram(text: str) -> int:
+    """A positive integer (the shortest context match lookup drafts from)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer")
+    return value
 
 
 def _float(text: str | None) -> float | None:
@@ -48,5 +66,5 @@ def engine_config(args, max_queue: int = 16):
 
     spec = SpecConfig(mode=args.mode, drafter=args.drafter, max_draft=args.max_draft,
                       confidence_threshold=args.confidence_threshold, sampler=args.sampler,
-                      drafter_quantization=args.drafter_quantization)
+                      drafter_quantization=args.drafter_quantization, lookup_min_ngram=args.lookup_min_ngram)
     return EngineConfig(model=args.model, spec=spec, max_queue=max_queue)

@@ -2,7 +2,8 @@
 
 Vocabulary (vLLM's words, used throughout the engine; docs/method.md has the method):
     target      the model whose output we promise (verified every round)
-    drafter     the small model that proposes a block of tokens from the target's hidden states
+    drafter     what proposes the drafts: a small model reading the target's hidden states
+                (kinds "dspark", "dflash") or prompt lookup (kind "lookup", no model)
     round       one draft -> verify -> accept -> roll back cycle
     num_draft   draft tokens verified in a round (`l` in formulas); 0 is a plain decode step
     cap         the most drafts a round may verify (`--max-draft`; `auto` picks it per round)
@@ -22,12 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Mode = Literal["dspark", "dflash", "baseline"]
+# "auto": a trained drafter when one is known for the target, else lookup (engine/runtime.py).
+Mode = Literal["dspark", "dflash", "lookup", "auto", "baseline"]
+DrafterKind = Literal["dspark", "dflash", "lookup"]
 SamplerName = Literal["rejection", "seed-stable"]
 WorkerState = Literal["loading", "ready", "dead"]
 FinishReason = Literal["stop", "length"]
 
-MODES: tuple[str, ...] = ("dspark", "dflash", "baseline")
+MODES: tuple[str, ...] = ("dspark", "dflash", "lookup", "auto", "baseline")
 SAMPLERS: tuple[str, ...] = ("rejection", "seed-stable")
 
 
@@ -71,6 +74,7 @@ class SpecConfig:
     confidence_threshold: float | None = None  # stop drafting once the prefix survival < theta
     sampler: SamplerName = "rejection"  # default lossless sampler for temperature > 0
     drafter_quantization: str | None = None  # None, "bf16", "8bit", "4bit"
+    lookup_min_ngram: int = 2  # shortest context match lookup drafts from (3 tokens are tried first)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class EngineInfo:
     vocab_size: int = 0  # token ids must be < vocab_size (0: unknown, not checked)
     requested_mode: Mode | None = None  # what was asked for, when it differs from `mode`
     mode_note: str | None = None  # why `mode` differs from the request (e.g. no drafter known)
+    drafter_kind: DrafterKind | None = None  # what proposes the drafts; None in baseline mode
 
 
 @dataclass
@@ -104,6 +109,16 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass
+class KindStats:
+    """Rounds and drafts of one drafter kind within a request (`SpecStats.by_kind`)."""
+
+    rounds: int = 0  # rounds that verified drafts of this kind
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    empty_rounds: int = 0  # asked for drafts but proposed none (lookup: no match), run as plain steps
 
 
 @dataclass
@@ -124,6 +139,7 @@ class SpecStats:
     time_other_s: float = 0.0
     generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
     round_tokens: int = 0  # tokens committed by rounds (excludes the prefill token)
+    by_kind: dict[str, KindStats] = field(default_factory=dict)  # drafter kind -> its rounds and drafts
 
     @property
     def mean_accepted_length(self) -> float:
@@ -162,6 +178,7 @@ class SpecStats:
             "time_accept_s": round(self.time_accept_s, 4),
             "time_other_s": round(self.time_other_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            "by_kind": {kind: dict(vars(k)) for kind, k in self.by_kind.items()},
         }
 
 

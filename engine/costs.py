@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from engine.backend import STATE as BLAS
 from engine.backend import blas_threads, thread_choices
 from engine.loading.default_model import cache_root
 from engine.models.drafter import draft_logits
 from engine.scheduler import CostCurve
+from engine.seams import drafter_kind
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,29 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def curve_key(model_path: str, drafter_id: str, max_len: int) -> str:
-    """Cache key: machine (CPU, cores, BLAS and its thread count), model, drafter, dtype and MLX version."""
+def curve_key(target, drafter, max_len: int) -> str:
+    """Cache key: the machine (CPU, cores, BLAS and its thread count, MLX version) and the shapes.
+
+    A round's cost depends on the models' shapes and dtypes, not on their weights or where they
+    were loaded from, so the key fingerprints every parameter's name, shape and dtype (a renamed
+    or re-trained checkpoint of the same architecture shares its curve).
+    """
     parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, str(BLAS.threads), mx.__version__,
-             str(Path(model_path).resolve()), drafter_id, "float32", str(max_len), "curve-v2"]
+             _shapes(target.model), str(target.tap_layer_ids), _shapes(_modelled(drafter)), str(max_len), "curve-v3"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _modelled(drafter):
+    """The drafter whose passes cost time: None for no drafter and for lookup drafts, which come
+    from a dictionary look-up (engine/lookup.py), so a round costs its verify forward alone."""
+    return None if drafter_kind(drafter) in (None, "lookup") else drafter
+
+
+def _shapes(module) -> str:
+    """Every parameter's name, shape and dtype, in a stable order ("none" without a module)."""
+    if module is None:
+        return "none"
+    return ";".join(f"{name}:{tuple(a.shape)}:{a.dtype}" for name, a in sorted(tree_flatten(module.parameters())))
 
 
 def _round_robin_best(timed, sizes: range, repeats: int) -> list[float]:
@@ -138,13 +158,16 @@ def choose_decode_threads(target, drafter, max_len: int, repeats: int = 3) -> in
     """The BLAS thread count that runs decode rounds fastest, or None when it cannot be set.
 
     Each candidate (1 and the loaded count, see `engine.backend.thread_choices`) times the same
-    round proxy: verifying 1 and `max_len` drafts plus a full draft pass, candidates round-robin.
+    round proxy: verifying 1 and `max_len` drafts plus a full draft pass (none for lookup drafts),
+    candidates round-robin.
     The loaded count is kept unless the other is faster by `THREADS_MARGIN`.
     """
     choices = thread_choices()
     if len(choices) < 2:
         return choices[0] if choices else None
-    verify, draft = _verify_timer(target), _draft_timer(drafter)
+    modelled = _modelled(drafter)
+    verify = _verify_timer(target)
+    draft = _draft_timer(modelled) if modelled is not None else (lambda _: 0.0)
 
     def round_proxy(i: int) -> float:
         with blas_threads(choices[i]):
@@ -158,10 +181,11 @@ def choose_decode_threads(target, drafter, max_len: int, repeats: int = 3) -> in
 
 def measure_curve(target, drafter, max_len: int) -> CostCurve:
     """Choose the decode thread count, then time target forwards over 1..max_len+1 tokens and the
-    drafter's backbone and head at it."""
+    drafter's backbone and head at it (zero draft costs for lookup drafts)."""
     threads = choose_decode_threads(target, drafter, max_len)
+    modelled = _modelled(drafter)
     with blas_threads(threads):
-        fixed, per_token = _drafter_costs(drafter)
+        fixed, per_token = _drafter_costs(modelled) if modelled is not None else (0.0, 0.0)
         verify = measure_verify(target, max_len)
         plain = measure_plain_step(target)
     return CostCurve(verify_s=verify, draft_fixed_s=fixed, draft_per_token_s=per_token, decode_threads=threads,
@@ -182,7 +206,7 @@ def _drafter_costs(drafter) -> tuple[float, float]:
 def load_or_measure(target, drafter, model_path: str, drafter_id: str, max_len: int,
                     refresh: bool = False) -> CostCurve:
     """Cached curve for this machine/model/drafter, measured (a few seconds) when absent or `refresh`."""
-    path = cache_root() / "costs" / f"{curve_key(model_path, drafter_id, max_len)}.json"
+    path = cache_root() / "costs" / f"{curve_key(target, drafter, max_len)}.json"
     if path.exists() and not refresh:
         raw = json.loads(path.read_text())
         return CostCurve(raw["verify_s"], raw["draft_fixed_s"], raw["draft_per_token_s"], raw.get("meta", {}),

@@ -2,7 +2,8 @@
 
 The effective mode is decided here once and reported through `EngineInfo` (and so /health and
 /v1/models): when dspark/dflash is asked for but no drafter exists for the target, the engine runs
-baseline and says so loudly, never silently.
+baseline and says so loudly, never silently. `auto` serves a trained drafter when one is known for
+the target and prompt lookup (engine/lookup.py) otherwise; `lookup` needs no drafter at all.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from engine.api import EngineConfig, EngineInfo, SpecConfig
 from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
+from engine.lookup import DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, LookupConfig, LookupDrafter
 from engine.models.target import Target
-from engine.scheduler import AUTO_PRIOR, AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
-from engine.seams import DrafterLike, TokenizerLike
+from engine.scheduler import AUTO_PRIOR, AutoScheduler, CostCurve, LookupScheduler, Scheduler, ThresholdScheduler
+from engine.seams import DrafterLike, TokenizerLike, drafter_kind
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 # drafter ships only when it pays, see docs/drafter-runs/).
 SHIPPED_DIR = Path(__file__).resolve().parent / "drafters"
 SHIPPED_DRAFTERS = {"dspark": "smollm2-135m-dspark", "dflash": "smollm2-135m-dflash"}
+TRAINED_MODES = ("dspark", "dflash")  # the order `auto` looks for a trained drafter in
 
 
 class NoDrafterError(ValueError):
@@ -37,7 +40,7 @@ class Runtime:
     """Loaded models and the decisions derived from them."""
 
     target: Target
-    drafter: DrafterLike | None
+    drafter: DrafterLike | LookupDrafter | None
     tokenizer: TokenizerLike
     info: EngineInfo  # what is reported (/health, /v1/models); never read back as configuration
     eos_ids: frozenset[int]
@@ -57,6 +60,8 @@ class Runtime:
         cap = self.cap or 1
         spec, has_conf = self.spec, self.drafter.has_confidence
         if spec.max_draft == "auto" and self.curve is not None:
+            if drafter_kind(self.drafter) == "lookup":
+                return LookupScheduler(self.drafter.config.max_drafts, self.curve)
             return AutoScheduler(self.drafter.config.max_drafts, self.curve, use_confidence=has_conf)
         if spec.confidence_threshold is not None and has_conf:
             return ThresholdScheduler(cap, spec.confidence_threshold)
@@ -70,12 +75,45 @@ def _model_id(spec_model: str | None, path: Path) -> str:
 
 
 def _drafter_source(spec: SpecConfig, model: str | None) -> str | None:
+    """The trained drafter to load: --drafter, else the shipped or published one for the mode
+    (`auto`: for dspark, then dflash); None when there is none or the mode needs none."""
+    if spec.mode in ("baseline", "lookup"):
+        return None
     if spec.drafter:
         return spec.drafter
-    if model is None and spec.mode in SHIPPED_DRAFTERS:
-        shipped = SHIPPED_DIR / SHIPPED_DRAFTERS[spec.mode]
+    modes = TRAINED_MODES if spec.mode == "auto" else (spec.mode,)
+    return next((found for mode in modes if (found := _known_drafter(mode, model))), None)
+
+
+def _known_drafter(mode: str, model: str | None) -> str | None:
+    if model is None and mode in SHIPPED_DRAFTERS:
+        shipped = SHIPPED_DIR / SHIPPED_DRAFTERS[mode]
         return str(shipped) if (shipped / "config.json").exists() else None
-    return lookup_published_drafter(model, spec.mode) if model else None
+    return lookup_published_drafter(model, mode) if model else None
+
+
+def _mode_without_trained_drafter(spec: SpecConfig, model: str | None) -> tuple[str, str | None]:
+    """(mode, note) when no trained drafter is loaded: lookup and baseline as asked, `auto` falls
+    back to lookup, dspark and dflash to baseline (loudly: the note is served in /health)."""
+    if spec.mode in ("baseline", "lookup"):
+        return spec.mode, None
+    name = model or DEFAULT_MODEL_NAME
+    if spec.mode == "auto":
+        note = f"auto: no trained drafter is known for {name}: drafting by prompt lookup"
+        log.info(note)
+        return "lookup", note
+    note = (f"no {spec.mode} drafter is known for {name}: serving in baseline mode (plain decoding); pass "
+            "--drafter PATH_OR_ID to enable speculation, or --mode lookup for drafts copied from the context")
+    log.warning(note)
+    return "baseline", note
+
+
+def lookup_config(spec: SpecConfig) -> LookupConfig:
+    """The lookup drafter's settings: matches of 3 tokens down to `lookup_min_ngram`, and a largest
+    cap of DEFAULT_MAX_DRAFTS (or the fixed --max-draft)."""
+    max_drafts = spec.max_draft if isinstance(spec.max_draft, int) else DEFAULT_MAX_DRAFTS
+    return LookupConfig(min_ngram=spec.lookup_min_ngram, max_ngram=max(DEFAULT_MAX_NGRAM, spec.lookup_min_ngram),
+                        max_drafts=max_drafts)
 
 
 def _load_drafter(source: str, target: Target, model, quantize: str | None) -> DrafterLike:
@@ -91,36 +129,40 @@ def _load_drafter(source: str, target: Target, model, quantize: str | None) -> D
 
 def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     """Load the target (and drafter) for `config`; decides the effective mode."""
-    from engine.costs import load_or_measure
-
     spec = config.spec
     model, tokenizer, path = load_target(config.model, progress)
-    source = None if spec.mode == "baseline" else _drafter_source(spec, config.model)
+    source = _drafter_source(spec, config.model)
     note = None
-    if spec.mode != "baseline" and source is None:
-        note = (f"no {spec.mode} drafter is known for {config.model or DEFAULT_MODEL_NAME}: serving in baseline "
-                "mode (plain decoding); pass --drafter PATH_OR_ID to enable speculation")
-        log.warning(note)
-    if source is None:
-        target, drafter, mode = Target(model), None, "baseline"
+    if source is not None:
+        target = Target(model, load_drafter_config_taps(source))
+        drafter = _load_drafter(source, target, model, spec.drafter_quantization)
+        mode = drafter_kind(drafter) if spec.mode == "auto" else spec.mode
     else:
-        probe = load_drafter_config_taps(source)
-        target = Target(model, probe)
-        drafter, mode = _load_drafter(source, target, model, spec.drafter_quantization), spec.mode
+        mode, note = _mode_without_trained_drafter(spec, config.model)
+        # Lookup reads no hidden states, so its target taps nothing (as in baseline mode).
+        target, drafter = Target(model), (LookupDrafter(lookup_config(spec)) if mode == "lookup" else None)
     target.check_taps()
     curve, cap = None, None
     if drafter is not None:
         # Every speculative mode gets the measured curve: `auto` chooses caps with it, and all of
         # them decode at its BLAS thread count (cached per machine, so measured once).
         max_drafts = drafter.config.max_drafts
-        curve = load_or_measure(target, drafter, str(path), source, max_drafts)
+        curve = _round_costs(target, drafter, str(path), source, max_drafts)
         cap = initial_auto_cap(curve, max_drafts) if spec.max_draft == "auto" else min(int(spec.max_draft), max_drafts)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model), sampler=spec.sampler, vocab_size=target.vocab_size,
-        requested_mode=spec.mode if spec.mode != mode else None, mode_note=note,
+        requested_mode=spec.mode if spec.mode != mode else None, mode_note=note, drafter_kind=drafter_kind(drafter),
     )
     return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap)
+
+
+def _round_costs(target: Target, drafter, model_path: str, source: str | None, max_drafts: int,
+                 refresh: bool = False) -> CostCurve:
+    """The measured round-cost curve (cached per machine and shapes): lookup's has no draft cost."""
+    from engine.costs import load_or_measure
+
+    return load_or_measure(target, drafter, model_path, source, max_drafts, refresh=refresh)
 
 
 def initial_auto_cap(curve: CostCurve, max_drafts: int) -> int:
@@ -130,13 +172,11 @@ def initial_auto_cap(curve: CostCurve, max_drafts: int) -> int:
 
 def with_fresh_curve(runtime: Runtime) -> Runtime:
     """The runtime with its auto cost curve measured again now (and re-cached), e.g. for a benchmark."""
-    from engine.costs import load_or_measure
-
     if runtime.curve is None:
         return runtime
     max_drafts = runtime.drafter.config.max_drafts
-    curve = load_or_measure(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_drafts,
-                            refresh=True)
+    curve = _round_costs(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_drafts,
+                         refresh=True)
     if runtime.spec.max_draft != "auto":
         return replace(runtime, curve=curve)
     cap = initial_auto_cap(curve, max_drafts)

@@ -37,6 +37,11 @@ class Sampler(Protocol):
         accept rule does not need q."""
         ...
 
+    def point_mass(self, draft_ids: list[int], vocab: int) -> mx.array | None:
+        """log q [l, V] for drafts fixed by the context (prompt lookup): a point mass on each draft,
+        or None when the accept rule does not need q."""
+        ...
+
     def accept(self, draft_ids: list[int], draft_logprobs: mx.array | None, target_logits: mx.array,
                anchor: int) -> tuple[int, int]:
         """(number of drafts accepted, next token) from the verify pass's processed rows [l+1, V]."""
@@ -57,6 +62,10 @@ class GreedySampler:
         """The argmax draft; greedy verification needs no q."""
         return mx.argmax(logits).item(), None
 
+    def point_mass(self, draft_ids: list[int], vocab: int) -> None:
+        """Greedy verification needs no q: a fixed draft is accepted iff it is the argmax."""
+        return None
+
     def accept(self, draft_ids, draft_logprobs, target_logits, anchor):
         """Greedy verification (raw logits suffice)."""
         return sampling.greedy_accept(draft_ids, target_logits)
@@ -76,6 +85,11 @@ class RejectionSampler:
     def draft_token(self, logits: mx.array, position: int) -> tuple[int, mx.array]:
         """A draft drawn from q, with log q for the accept rule."""
         return sampling.sample_draft(logits, self.settings, sampling.mix_key(self.seed, STREAM_DRAFT, position))
+
+    def point_mass(self, draft_ids: list[int], vocab: int) -> mx.array:
+        """One-hot log q [l, V]: the accept rule then keeps x with probability p(x) and recovers from p
+        with x removed (docs/method.md §5.6)."""
+        return sampling.point_mass_logprobs(draft_ids, vocab)
 
     def accept(self, draft_ids, draft_logprobs, target_logits, anchor):
         """Accept with min(1, p/q); recover from the residual or draw the bonus from p."""
@@ -98,6 +112,10 @@ class SeedStableSampler:
     def draft_token(self, logits: mx.array, position: int) -> tuple[int, None]:
         """The draft with the target's noise for `position`; the accept rule needs no q."""
         return sampling.seed_stable_draft(logits, self.settings, self.seed, position), None
+
+    def point_mass(self, draft_ids: list[int], vocab: int) -> None:
+        """Seed-stable verification takes any draft as is and needs no q."""
+        return None
 
     def accept(self, draft_ids, draft_logprobs, target_logits, anchor):
         """Accept while each draft equals the target's seed-stable token."""

@@ -18,6 +18,12 @@ PROBE_EVERY = 16
 # running mean would (1/5, 1/6, ...), later ones by the EMA weight, so a short request leaves a
 # prior that does not fit its drafter within a few rounds and a long one still follows drift.
 PRIOR_ROUNDS = 4
+# Lookup's acceptance comes in runs (whole copied lines accepted, then nothing), so its estimate
+# must follow the last few rounds: each round's evidence decays by this much per later round.
+# Chosen on a synthetic run model (copy runs and non-copy stretches of 5..200 tokens), where it
+# matched the +2/-1 adaptive cap of the study in docs/lookup.md on copy-heavy text and did not lose
+# on text that does not copy; the copy-heavy bench (issue 24, part 5) is where it gets tuned.
+LOOKUP_DECAY = 0.25
 
 
 class Scheduler:
@@ -230,3 +236,36 @@ class AutoScheduler(Scheduler):
     def expected_cap(self) -> int:
         """The cap the cost model currently prefers (for reporting)."""
         return self.curve.best_cap(self.acceptance, self.cap)[0]
+
+
+class LookupScheduler(AutoScheduler):
+    """`auto` for lookup drafts: one acceptance rate for every draft position, from recent rounds.
+
+    Lookup's acceptance comes in runs: a copied line is accepted token after token until the copy
+    ends. Its conditional acceptance hardly depends on the position in the round, and only the last
+    few rounds say whether a run is on. So the rate is the maximum-likelihood estimate of a constant
+    per-token rate, accepted / (accepted + rejected) drafts, with each round's counts decaying by
+    LOOKUP_DECAY per later round and the prior counting as PRIOR_ROUNDS drafts. (Per-position
+    estimates would never learn the positions beyond the cap they start with.) Each round's cap is
+    the curve's best at that rate, fixed at the round's start, so it is non-anticipating; skipping
+    and probing work as in `AutoScheduler`. Rounds without a match verify nothing and teach nothing.
+    """
+
+    def __init__(self, cap: int, curve: CostCurve, prior: float = AUTO_PRIOR, decay: float = LOOKUP_DECAY):
+        super().__init__(cap, curve, use_confidence=False, prior=prior)
+        self.decay = decay
+        self._accepted, self._rejected = prior * PRIOR_ROUNDS, (1.0 - prior) * PRIOR_ROUNDS
+
+    @property
+    def rate(self) -> float:
+        """The estimated probability that a drafted token is accepted, given the ones before it were."""
+        return self._accepted / (self._accepted + self._rejected)
+
+    def observe(self, num_verified: int, num_accepted: int) -> None:
+        """Add a round's accepted drafts and its rejection (if any) to the decayed counts."""
+        if num_verified == 0:
+            return
+        keep = 1.0 - self.decay
+        self._accepted = keep * self._accepted + num_accepted
+        self._rejected = keep * self._rejected + float(num_accepted < num_verified)
+        self.acceptance = [self.rate] * self.cap

@@ -1,7 +1,9 @@
 """The engine's seams as Protocols: what the decoder needs from a drafter, and from a tokenizer.
 
 `engine.models.drafter.Drafter` implements `DrafterLike` for both checkpoint layouts; test
-oracles implement it to script drafts. Tokenizers come from mlx-lm (Hugging Face or GGUF); the
+oracles implement it to script drafts. The other drafter kind, `engine.lookup.LookupDrafter`,
+reads no hidden states: it has a `kind` attribute, `config.max_drafts`, `has_confidence` and a
+`make_cache()` that returns its per-request index (`drafter_kind` tells the kinds apart). Tokenizers come from mlx-lm (Hugging Face or GGUF); the
 engine only calls what `TokenizerLike` lists.
 """
 
@@ -60,6 +62,20 @@ class DrafterLike(Protocol):
     def confidence_logits(self, h: mx.array, prev_ids: mx.array) -> mx.array:
         """Pre-sigmoid confidence [n] that each draft survives verification."""
         ...
+
+
+def drafter_kind(drafter: Any) -> str | None:
+    """The kind of drafts a drafter proposes: "lookup", "dspark" or "dflash" (None: no drafter).
+
+    Trained drafters are told apart by their checkpoint layout (z-lab's is DFlash); other kinds
+    name themselves with a `kind` attribute.
+    """
+    if drafter is None:
+        return None
+    kind = getattr(drafter, "kind", None)
+    if kind is not None:
+        return kind
+    return "dflash" if getattr(drafter.config, "layout", None) == "dflash" else "dspark"
 
 
 class TokenizerLike(Protocol):

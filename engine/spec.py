@@ -7,6 +7,8 @@ State after every round (docs/method.md, "The round"), with `committed` = prompt
 (the first two + 1 while a plain step has queued the next token's forward, see `_plain_step`).
 The anchor sits at absolute position p = len(committed) - 1. DSpark slot j drafts position p+j+1;
 z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
+A lookup drafter (`engine/lookup.py`) reads no taps: its state is an n-gram index over `committed`
+instead of a context cache, and a round where it finds no match is a plain decode step.
 
 Logit processors (penalties, logit bias; `engine/processors.py`) act on every row a distribution
 is formed from, each with the history plain decoding would have at that row's position.
@@ -21,13 +23,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine import sampling
-from engine.api import SpecStats
+from engine.api import KindStats, SpecStats
 from engine.models.drafter import draft_logits
 from engine.models.target import Target, cache_length, fork_cache, trim_cache
 from engine.processors import LogitProcessor, ProcessorSettings
 from engine.samplers import Sampler
 from engine.scheduler import Scheduler
-from engine.seams import DrafterLike
+from engine.seams import DrafterLike, drafter_kind
 
 PREFILL_CHUNK = 512
 
@@ -45,6 +47,8 @@ class DecodeOptions:
 class SpecDecoder:
     """Decodes one request; `drafter=None` is baseline mode (plain target decoding).
 
+    `drafter` is a trained drafter (`DrafterLike`) or `engine.lookup.LookupDrafter`.
+
     Use: `prefill(prompt)` then `step(budget)` until `done`. `read_prompt` + `first_token` are
     prefill's two halves; between them `fork` gives decoders that share the prompt's forward pass
     but draw their own tokens (tests draw thousands of generations from one prompt this way).
@@ -56,7 +60,12 @@ class SpecDecoder:
         self.sampler = opts.sampler
         self.committed: list[int] = []
         self.target_cache = target.make_cache()
+        self.kind = drafter_kind(drafter)  # "dspark", "dflash", "lookup"; None in baseline mode
+        # Only trained drafters read the target's hidden states: lookup never builds or keeps taps.
+        self._taps = drafter is not None and self.kind != "lookup"
         self.draft_cache = drafter.make_cache() if drafter is not None else None
+        # Lookup's draft state is its n-gram index over `committed`, fed each committed token.
+        self._index = self.draft_cache if self.kind == "lookup" else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
         # The next plain step's (lazy token, raw logits row [V]), its forward queued.
         self._ahead: tuple[mx.array, mx.array] | None = None
@@ -86,13 +95,15 @@ class SpecDecoder:
         ids = mx.array(prompt_ids)[None]  # [1, P]
         taps = []
         for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-            logits, chunk_taps = self.target.forward(ids[:, start : start + PREFILL_CHUNK], self.target_cache)
+            logits, chunk_taps = self._forward(ids[:, start : start + PREFILL_CHUNK])
             last = logits[0, -1]  # [V]
             mx.eval(last, chunk_taps) if chunk_taps is not None else mx.eval(last)
-            if chunk_taps is not None and self.drafter is not None:
+            if chunk_taps is not None:
                 taps.append(chunk_taps)
         self.ctx_pending = mx.concatenate(taps, axis=1) if taps else None
         self.committed[:] = prompt_ids
+        if self._index is not None:
+            self._index.extend(prompt_ids)
         self.processor.add_prompt(prompt_ids)
         self._prompt_row = last
 
@@ -112,6 +123,8 @@ class SpecDecoder:
         other.target_cache = [fork_cache(c) for c in self.target_cache]
         other.ctx_pending = self.ctx_pending  # MLX arrays are immutable: sharing is safe
         other.committed[:] = self.committed
+        if self._index is not None:
+            other.draft_cache = other._index = self._index.copy()
         other.processor.add_prompt(self.committed)
         other._prompt_row = self._prompt_row
         return other
@@ -127,6 +140,8 @@ class SpecDecoder:
         t0 = time.perf_counter()
         draft_ids, draft_logprobs = self.draft(limit=budget - 1)
         t1 = time.perf_counter()
+        if not draft_ids and self._index is not None:
+            return self._no_match_step(t1 - t0)
         logits, taps = self._verify(draft_ids)
         t2 = time.perf_counter()
         num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
@@ -136,6 +151,15 @@ class SpecDecoder:
         self._roll_back(len(draft_ids), num_accepted, taps)
         self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
+
+    def _no_match_step(self, t_lookup: float) -> list[int]:
+        """Lookup found no match: a plain decode step, not a verify of an empty draft.
+
+        Not pipelined: whether the next round finds a match depends on the token this step reads.
+        """
+        self.stats.time_draft_s += t_lookup
+        self._kind_stats().empty_rounds += 1
+        return self._plain_step(queue_next=False)
 
     def _plain_step(self, queue_next: bool) -> list[int]:
         """A plain decode step: baseline mode, or a round `auto` decodes without the drafter.
@@ -163,10 +187,10 @@ class SpecDecoder:
         Returns (lazy token, raw logits row [V]). `pending` [1] is a generated token not committed
         yet (lazy), part of the processors' history. In a speculative mode the forward's taps
         [1, 1, m*d] join the drafter's pending context."""
-        logits, taps = self.target.forward(ids, self.target_cache)  # [1, 1, V]
+        logits, taps = self._forward(ids)  # [1, 1, V]
         row = logits[0, -1]  # [V]
         token = self._target_token(row, position, pending)
-        if self.drafter is None:
+        if taps is None:
             mx.async_eval(token)
             return token, row
         self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
@@ -174,8 +198,11 @@ class SpecDecoder:
         return token, row
 
     def draft(self, limit: int) -> tuple[list[int], mx.array | None]:
-        """This round's drafts: up to `limit` ids, sampled one by one, and their log q [l, V] (None
-        when the accept rule needs no q). The Markov bias uses the *sampled* previous token."""
+        """This round's drafts: up to `limit` ids, and their log q [l, V] (None when the accept rule
+        needs no q). A trained drafter samples them one by one (the Markov bias uses the *sampled*
+        previous token); lookup copies them from the context (`_lookup_draft`)."""
+        if self._index is not None:
+            return self._lookup_draft(limit)
         anchor, p = self.committed[-1], len(self.committed) - 1
         cfg = self.drafter.config
         block = mx.array([[anchor] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # [1, B]
@@ -203,6 +230,20 @@ class SpecDecoder:
         logq_all = mx.stack(logq_rows) if logq_rows and logq_rows[0] is not None else None
         return ids, logq_all
 
+    def _lookup_draft(self, limit: int) -> tuple[list[int], mx.array | None]:
+        """Tokens copied after the latest earlier occurrence of the context's last n tokens, at most
+        the round's cap, with their point-mass log q [l, V] (docs/method.md §5.6); ([], None): no match.
+
+        The proposal is a function of the committed tokens alone (no random draw), so cutting it at
+        the scheduler's cap cannot look ahead at a sample (docs/method.md §6.1)."""
+        self.scheduler.begin_round(min(limit, self.drafter.config.max_drafts))
+        ids: list[int] = []
+        for k, token in enumerate(self._index.propose(self.scheduler.round_limit), start=1):
+            if not self.scheduler.admit(k, None):
+                break
+            ids.append(token)
+        return ids, (self.sampler.point_mass(ids, self.target.vocab_size) if ids else None)
+
     def _uses_confidence(self) -> bool:
         return self.scheduler.uses_confidence and self.drafter.has_confidence
 
@@ -213,21 +254,31 @@ class SpecDecoder:
         t = temps[k - 1] if temps and k - 1 < len(temps) else 1.0
         return 1.0 / (1.0 + math.exp(-z / t))
 
-    def _verify(self, draft_ids: list[int]) -> tuple[mx.array, mx.array]:
-        """One target forward over [anchor, x_1..x_l]: logits [l+1, V], taps [1, l+1, m*d]."""
+    def _verify(self, draft_ids: list[int]) -> tuple[mx.array, mx.array | None]:
+        """One target forward over [anchor, x_1..x_l]: logits [l+1, V], taps [1, l+1, m*d] (lookup: None)."""
         ids = mx.array([[self.committed[-1]] + draft_ids])  # [1, l+1]
-        logits, taps = self.target.forward(ids, self.target_cache)
-        mx.eval(logits, taps)
+        logits, taps = self._forward(ids)
+        mx.eval(logits, taps) if taps is not None else mx.eval(logits)
         return logits[0], taps
+
+    def _forward(self, ids: mx.array) -> tuple[mx.array, mx.array | None]:
+        """Target forward of ids [1, n] on this request's cache: logits [1, n, V] and, for a trained
+        drafter, taps [1, n, m*d]; else None (lookup asks the target for none at all)."""
+        if self.kind == "lookup":
+            return self.target.forward(ids, self.target_cache, taps=False)
+        logits, taps = self.target.forward(ids, self.target_cache)
+        return logits, (taps if self._taps else None)
 
     def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
         x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]
         return self.sampler.accept(draft_ids, draft_logprobs, x, anchor=len(self.committed) - 1)
 
-    def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array) -> None:
-        """Keep anchor + accepted rows in the target cache; they become the next draft context."""
+    def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array | None) -> None:
+        """Keep anchor + accepted rows in the target cache; their taps (if any) become the next draft
+        context. Lookup needs nothing rolled back: its index only ever holds committed tokens."""
         trim_cache(self.target_cache, num_draft - num_accepted)
-        self.ctx_pending = taps[:, : num_accepted + 1]
+        if taps is not None:
+            self.ctx_pending = taps[:, : num_accepted + 1]
 
     # ------------------------------------------------------------------ sampling helpers
 
@@ -248,6 +299,8 @@ class SpecDecoder:
                 break
         self.committed.extend(tokens)
         self.processor.commit(tokens)  # only committed tokens: rolled-back drafts never count
+        if self._index is not None:
+            self._index.extend(tokens)  # likewise: drafts enter the index only once committed
         self.stats.generated_tokens += len(tokens)
         return tokens
 
@@ -278,14 +331,25 @@ class SpecDecoder:
         st.time_verify_s += t_verify
         st.time_accept_s += t_accept
         st.time_other_s += t_other
+        if num_draft:
+            kind = self._kind_stats()
+            kind.rounds += 1
+            kind.drafted_tokens += num_draft
+            kind.accepted_tokens += num_accepted
         if self.scheduler is not None:
             self.scheduler.observe(num_draft, num_accepted)
+
+    def _kind_stats(self) -> KindStats:
+        """This request's counters for its drafter kind (created on first use)."""
+        return self.stats.by_kind.setdefault(self.kind, KindStats())
 
     def check_invariants(self) -> None:
         """Assert the round bookkeeping invariants (used by tests after every round)."""
         n = len(self.committed)
         queued = int(self._ahead is not None)  # a queued forward is cached (and its taps pending)
         assert cache_length(self.target_cache) == n - 1 + queued, (cache_length(self.target_cache), n, queued)
-        if self.drafter is not None:
+        if self._index is not None:
+            assert self._index.tokens == self.committed and self.ctx_pending is None
+        if self._taps:
             pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
             assert self.drafter.context_length(self.draft_cache) + pending == n - 1 + queued

@@ -3,7 +3,8 @@
 Requests by endpoint and outcome, running requests and queue depth, TTFT / inter-token latency /
 request duration histograms, prompt and generated tokens, and the speculative counters: rounds,
 drafted and accepted tokens, and accepted / verified tokens by draft position (their ratio is
-the per-position acceptance rate). Engine state and what is served are read at scrape time.
+the per-position acceptance rate), the same by drafter kind (dspark, dflash, lookup) with the rounds
+whose drafter proposed nothing. Engine state and what is served are read at scrape time.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class Metrics:
                                    ["position"], registry=r)
         self.verified_at = Counter("dspark_spec_verified_tokens_by_position", "Verified drafts at each draft slot",
                                    ["position"], registry=r)
+        self.kind_rounds = Counter("dspark_spec_rounds_by_kind", "Rounds that verified drafts, by drafter kind",
+                                   ["kind"], registry=r)
+        self.kind_drafted = Counter("dspark_spec_draft_tokens_by_kind", "Draft tokens sent to verification, by drafter "
+                                    "kind", ["kind"], registry=r)
+        self.kind_accepted = Counter("dspark_spec_accepted_tokens_by_kind", "Draft tokens accepted, by drafter kind",
+                                     ["kind"], registry=r)
+        self.kind_empty = Counter("dspark_spec_empty_rounds_by_kind", "Rounds decoded plainly because the drafter "
+                                  "proposed nothing (lookup: no match), by drafter kind", ["kind"], registry=r)
         self.ignored = Counter("dspark_ignored_fields", "Request fields ignored by the tolerant policy, by name",
                                ["field"], registry=r)
         self._ignored_labels: set[str] = set()
@@ -106,6 +115,11 @@ class Metrics:
         for i, (accepted, verified) in enumerate(by_position):
             self.accepted_at.labels(position=str(i)).inc(accepted)
             self.verified_at.labels(position=str(i)).inc(verified)
+        for kind, counts in stats.by_kind.items():
+            self.kind_rounds.labels(kind=kind).inc(counts.rounds)
+            self.kind_drafted.labels(kind=kind).inc(counts.drafted_tokens)
+            self.kind_accepted.labels(kind=kind).inc(counts.accepted_tokens)
+            self.kind_empty.labels(kind=kind).inc(counts.empty_rounds)
 
     def observe_duration(self, seconds: float) -> None:
         """One finished request's wall time; also feeds the Retry-After estimate."""
@@ -183,6 +197,7 @@ class _EngineCollector(Collector):
         info = engine.info() if engine is not None and state == "ready" else None
         if info is not None:
             served = GaugeMetricFamily("dspark_engine_info", "What is served (value 1)",
-                                       labels=["model", "mode", "drafter", "sampler", "cap"])
-            served.add_metric([info.model_id, info.mode, info.drafter or "", info.sampler, str(info.cap or "")], 1.0)
+                                       labels=["model", "mode", "drafter", "drafter_kind", "sampler", "cap"])
+            served.add_metric([info.model_id, info.mode, info.drafter or "", info.drafter_kind or "", info.sampler,
+                               str(info.cap or "")], 1.0)
             yield served

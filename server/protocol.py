@@ -668,3 +668,4 @@ class Health(BaseModel):
     dead_reason: str | None = None
     requested_mode: str | None = None  # set when the served mode differs from the requested one
     mode_note: str | None = None  # why (e.g. no drafter is known for the target)
+    drafter_kind: str | None = None  # what proposes the drafts: dspark, dflash or lookup (None: baseline)

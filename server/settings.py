@@ -23,11 +23,12 @@ class ServerSettings(BaseSettings):
     # Model and speculative decoding (the same flags as `dspark generate`).
     model: str | None = Field(default=None, description="mlx-lm model directory or HF id; None: embedded default")
     drafter: str | None = Field(default=None, description="drafter path or HF id; None: the one for the target")
-    mode: Literal["dspark", "dflash", "baseline"] = Field(default="dspark", description="decoding mode")
+    mode: Literal["dspark", "dflash", "lookup", "auto", "baseline"] = Field(default="dspark", description="decoding mode")
     sampler: Literal["rejection", "seed-stable"] = Field(default="rejection", description="default lossless sampler")
     max_draft: int | Literal["auto"] = Field(default="auto", description="drafts verified per round, or auto")
     confidence_threshold: float | None = Field(default=None, ge=0, le=1, description="stop drafting below this")
     drafter_quantization: Literal["bf16", "8bit", "4bit"] | None = Field(default=None, description="drafter dtype")
+    lookup_min_ngram: int = Field(default=2, ge=1, description="shortest context match lookup drafts from")
 
     # HTTP.
     host: str = Field(default="127.0.0.1", description="interface to bind")
@@ -72,7 +73,7 @@ class ServerSettings(BaseSettings):
         """The engine configuration these settings describe."""
         spec = SpecConfig(mode=self.mode, drafter=self.drafter, max_draft=self.max_draft, sampler=self.sampler,
                           confidence_threshold=self.confidence_threshold,
-                          drafter_quantization=self.drafter_quantization)
+                          drafter_quantization=self.drafter_quantization, lookup_min_ngram=self.lookup_min_ngram)
         return EngineConfig(model=self.model, spec=spec, max_queue=self.max_queue)
 
     def base_url(self) -> str:

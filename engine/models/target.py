@@ -66,10 +66,15 @@ class Target:
         """A fresh per-layer KV cache for this target."""
         return make_prompt_cache(self.model)
 
-    def forward(self, ids: mx.array, cache: list) -> tuple[mx.array, mx.array | None]:
-        """ids [1, n] -> (logits [1, n, V] float32, taps [1, n, m*d] or None without taps)."""
+    def forward(self, ids: mx.array, cache: list, taps: bool = True) -> tuple[mx.array, mx.array | None]:
+        """ids [1, n] -> (logits [1, n, V] float32, taps [1, n, m*d] or None without taps).
+
+        `taps=False` skips building the taps (None), for drafters that read no hidden states."""
         self._sink.clear()
         logits = self.model(ids, cache=cache).astype(mx.float32)
+        if not taps:
+            self._sink.clear()  # the layers' outputs stay internal to the forward: nothing concatenated
+            return logits, None
         return logits, self._collect_taps()
 
     def forward_hidden(self, ids: mx.array, cache: list | None = None) -> tuple[mx.array, mx.array | None]:

@@ -18,7 +18,8 @@ router = APIRouter(tags=["operations"])
 async def health(app_state: AppStateDep) -> JSONResponse:
     """200 when the engine is ready; 503 while loading, after it died, or while draining.
 
-    The body says what is really served (mode and effective draft cap), never a silent fallback.
+    The body says what is really served (mode, drafter kind and effective draft cap), never a silent
+    fallback.
     """
     body = _health(app_state)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.status == "ok" else 503)
@@ -58,4 +59,5 @@ def _health(app_state: AppState) -> Health:
         "dead_reason": engine.dead_reason if engine is not None and state == "dead" else None,
         "requested_mode": info.requested_mode if info else None,
         "mode_note": info.mode_note if info else None,
+        "drafter_kind": info.drafter_kind if info else None,
     })

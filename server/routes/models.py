@@ -31,7 +31,7 @@ async def retrieve_model(model: str, app_state: AppStateDep) -> dict[str, Any]:
 
 
 def _card(app_state: AppState, info: EngineInfo) -> ModelCard:
-    details = {"mode": info.mode, "drafter": info.drafter, "cap": info.cap, "sampler": info.sampler,
-               "context_length": info.context_length, "path": info.model_path,
+    details = {"mode": info.mode, "drafter": info.drafter, "drafter_kind": info.drafter_kind, "cap": info.cap,
+               "sampler": info.sampler, "context_length": info.context_length, "path": info.model_path,
                "aliases": sorted(app_state.model_names(info) - {info.model_id})}
     return ModelCard(id=info.model_id, created=app_state.started_at, dspark=details)

@@ -93,6 +93,16 @@ def test_cost_curve_measured_once_and_cached(tmp_path, monkeypatch):
     assert cached.verify_s == curve.verify_s and cached.decode_threads == curve.decode_threads
 
 
+def test_cost_curve_key_is_the_shapes_not_the_path_or_weights():
+    """Two drafters of one shape share a cached curve wherever they were loaded from; another shape does not."""
+    target = tiny.tiny_target()
+    one, two = tiny.dspark_drafter(seed=3), tiny.dspark_drafter(seed=9)
+    assert costs.curve_key(target, one, 4) == costs.curve_key(target, two, 4)
+    assert costs.curve_key(target, one, 4) != costs.curve_key(target, tiny.dflash_drafter(target), 4)
+    assert costs.curve_key(target, one, 4) != costs.curve_key(target, one, 3)
+    assert costs.curve_key(target, one, 4) != costs.curve_key(target, None, 4)
+
+
 def test_decode_threads_choice_prefers_loaded_count_on_a_tie(monkeypatch):
     """The other thread count replaces the loaded one only when its round proxy is clearly faster."""
     target, drafter = tiny.tiny_target(), tiny.dspark_drafter()
