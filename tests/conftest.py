@@ -28,6 +28,19 @@ def default_target(default_model_dir):
     return model, tokenizer
 
 
+@pytest.fixture(scope="session")
+def default_server(default_model_dir, tmp_path_factory, worker_id):
+    """`dspark serve` over the default model in its default mode, one for the whole run: every
+    xdist worker attaches to the same server (tests/real_server.py, `shared_server`)."""
+    from tests.real_server import shared_server
+    from tests.server.conftest import free_port
+
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # workers' base temps share a parent
+    with shared_server(root, free_port) as server:
+        yield server
+
+
 _exit_status = {"code": 0}
 
 

@@ -1,7 +1,8 @@
 """Statistics shared by the distribution tests: a chi-square fit and a TV bound, in numpy only.
 
 Every distribution check in the suite uses the same pair of criteria: Pearson chi-square p-value
-> ALPHA (cells with expected count < 5 pooled) and TV(p_hat, p) <= 1.5 * sqrt(K / N).
+> ALPHA (cells with expected count < 5 pooled) and TV(p_hat, p) <= 1.5 * sqrt(K / N) (`assert_fits`).
+Every negative control must be detected by a p-value below DETECTED (`assert_detected`).
 """
 
 import math
@@ -9,6 +10,9 @@ import math
 import numpy as np
 
 ALPHA = 1e-4  # chi-square p-value threshold
+# A negative control must miss by far more than a lossless sampler ever does by chance, so that it
+# fails for its defect: its p-value must fall below DETECTED.
+DETECTED = 1e-6
 
 
 def chi2_sf(stat: float, dof: int) -> float:
@@ -59,3 +63,15 @@ def fit(tokens, probs: np.ndarray) -> tuple[float, float, float]:
     n = counts.sum()
     tv = 0.5 * np.abs(counts / n - probs).sum()
     return chi_square_pvalue(counts, probs), tv, 1.5 * math.sqrt(len(probs) / n)
+
+
+def assert_fits(samples, probs) -> None:
+    """Samples fit `probs`: chi-square p-value above ALPHA and TV within its bound."""
+    pvalue, tv, bound = fit(samples, probs)
+    assert pvalue > ALPHA and tv <= bound, f"p-value {pvalue:.3g}, TV {tv:.4f} (bound {bound:.4f})"
+
+
+def assert_detected(samples, probs) -> None:
+    """A negative control: the samples are far from `probs` (p-value below DETECTED)."""
+    pvalue, tv, bound = fit(samples, probs)
+    assert pvalue < DETECTED, f"control not detected: p-value {pvalue:.3g}, TV {tv:.4f} (bound {bound:.4f})"

@@ -23,6 +23,11 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
+# How long a condition may take before the test fails: a hang guard, never a speed bound, so it
+# is generous enough for a loaded machine.
+WAIT_GUARD_S = 30.0
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """Async tests (marked `anyio`) run on asyncio, like uvicorn."""
@@ -91,7 +96,7 @@ class LiveServer:
 
     def start(self) -> None:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_GUARD_S
         while not self.server.started:
             assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
@@ -114,7 +119,7 @@ def live_server(engine: FakeEngine, **overrides: Any) -> Iterator[LiveServer]:
         live.stop()
 
 
-async def wait_until(predicate: Any, timeout: float = 2.0) -> None:
+async def wait_until(predicate: Any, timeout: float = WAIT_GUARD_S) -> None:
     """Poll `predicate()` on the event loop until it is true."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -122,7 +127,7 @@ async def wait_until(predicate: Any, timeout: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def wait_until_sync(predicate: Any, timeout: float = 2.0) -> None:
+def wait_until_sync(predicate: Any, timeout: float = WAIT_GUARD_S) -> None:
     """Poll `predicate()` from a plain thread until it is true."""
     deadline = time.monotonic() + timeout
     while not predicate():

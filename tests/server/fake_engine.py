@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +26,8 @@ from engine.api import (
     Usage,
 )
 from engine.client import require_queue_room, require_ready, take_event, validate_request
+
+HANG_GUARD_S = 60.0  # a closed gate past this is a test bug, not a slow machine
 
 INFO = EngineInfo(model_id="fake-model", model_path="/models/fake", mode="dspark", drafter="fake-drafter", cap=4,
                   context_length=256, sampler="rejection")
@@ -73,10 +74,14 @@ class FakeEngine:
 
     def __init__(self, script: Callable[[GenerationRequest], Script] = echo_script, *, state: str = "ready",
                  info: EngineInfo = INFO, max_queue: int = 16, submit_error: EngineError | None = None,
-                 template: str | None = None, encode_delay_s: float = 0.0, refuse_nul: bool = True) -> None:
+                 template: str | None = None, encode_gate: threading.Event | None = None,
+                 refuse_nul: bool = True) -> None:
         self.script = script
         self.template = template  # the chat template source `chat_template()` reports
-        self.encode_delay_s = encode_delay_s  # a blocking sleep in every encode (a slow template or tokenizer)
+        # Every encode blocks its thread until the gate opens (a slow template or tokenizer, ended by
+        # the test rather than by a clock); `encode_started` is set when one begins.
+        self.encode_gate = encode_gate
+        self.encode_started = threading.Event()
         self.refuse_nul = refuse_nul  # encode_text raises EngineInputError on "\x00" (an input the engine refuses)
         self._state = state
         self._info = info
@@ -143,7 +148,9 @@ class FakeEngine:
         return self.encode_text(text)
 
     def encode_text(self, text: str) -> list[int]:
-        time.sleep(self.encode_delay_s)  # blocking on purpose: what a slow render does to its thread
+        if self.encode_gate is not None:
+            self.encode_started.set()
+            assert self.encode_gate.wait(HANG_GUARD_S), "the test never opened the encode gate"
         if self.refuse_nul and "\x00" in text:
             raise EngineInputError("prompt contains a NUL character", param="messages")
         return list(text.encode())

@@ -8,14 +8,12 @@ well-formed reply or stream, and never a 4xx for a field the server can ignore o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.real_server import ServeProcess
-from tests.server.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -72,15 +70,10 @@ BODIES: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(default_model_dir) -> Iterator[ServeProcess]:
-    """The real server over the embedded default model."""
-    server = ServeProcess(free_port())
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def served(default_server) -> ServeProcess:
+    """The real server over the embedded default model (shared by the run)."""
+    return default_server
 
 
 def _events(text: str) -> list[Any]:

@@ -28,15 +28,10 @@ PROMPT = "What is the capital of France?"
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def served(default_model_dir) -> Iterator[ServeProcess]:
-    """The real server over the embedded default model, in its default mode."""
-    server = ServeProcess(free_port())
-    try:
-        server.health = server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def served(default_server) -> ServeProcess:
+    """The real server over the embedded default model, in its default mode (shared by the run)."""
+    return default_server
 
 
 def _client(served: ServeProcess) -> openai.OpenAI:
@@ -127,6 +122,7 @@ def test_disconnect_frees_the_worker(served):
     body = json.dumps({"model": "default", "stream": True, "max_tokens": 4000, "temperature": 0.7,
                        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}).encode()
     port = int(served.base_url.rsplit(":", 1)[1])
+    before = _cancelled_streams(served)  # the server is shared: count from here
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -136,7 +132,7 @@ def test_disconnect_frees_the_worker(served):
     sock.close()
     # The server counts the stream as cancelled once the engine has let it go (no clock involved).
     deadline = time.monotonic() + 120  # a hang guard only
-    while _cancelled_streams(served) < 1:
+    while _cancelled_streams(served) < before + 1:
         assert time.monotonic() < deadline, "the disconnected stream was never cancelled"
         time.sleep(0.05)
     probe = _client(served).chat.completions.create(model="default", max_tokens=4, temperature=0,
