@@ -97,6 +97,10 @@ def add_parser(sub) -> None:
                    help="go/no-go after this much CPU time in the early phase (0 = no gate)")
     t.add_argument("--gate-min-match", type=float, default=0.38,
                    help="the gate's teacher-forced held-out greedy match at draft position 1")
+    t.add_argument("--shortlist", type=int, default=0, metavar="N",
+                   help="kd: distil over the batch's target top-k and labels plus the N most frequent training "
+                        "labels instead of the whole vocabulary (a cheaper step; serving still drafts over "
+                        "the whole vocabulary); 0 = whole vocabulary")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--tap-scale", choices=["rms", "none"], default="rms",
                    help="train fc on taps scaled to unit RMS per feature (folded into fc when saved; "
@@ -156,7 +160,7 @@ def configs(args):
         markov_rank=args.markov_rank, markov_head_type=args.markov_head, taps=args.taps, num_taps=args.num_taps,
         mask_token_id=args.mask_token_id, steps=args.steps, **recipe_values(args),
         early_positions=args.early_positions, hidden_center=args.hidden_center,
-        gate_min_match=args.gate_min_match, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
+        gate_min_match=args.gate_min_match, shortlist=args.shortlist, seq_len=args.seq_len, checkpoint_every=args.checkpoint_every,
         log_every=args.log_every, seed=args.seed, feature_cache=not args.no_feature_cache,
         feature_dtype=args.feature_dtype, eval_max_tokens=args.eval_max_tokens,
         sts_temperature=args.sts_temperature, save_dtype=args.save_dtype,

@@ -14,6 +14,10 @@ m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
 ``p = cache_len + c``; ``ctx_new`` holds the target taps of positions ``[cache_len, p)``.
 Slot convention (the most likely bug, docs/method.md §2.2): DeepSpec slot j predicts ``p + j + 1`` (rows
 0..B-1), z-lab DFlash slot i >= 1 predicts ``p + i`` (rows 1..B-1). `draft_hidden` applies it.
+
+Serving always forms logits over the whole vocabulary. Training may pass ``vocab`` [S] (a draft
+shortlist, `engine.train.shortlist`) to `draft_logits`: the same logits, restricted to those columns
+[n, S], computed without the vocabulary-wide products.
 """
 
 from __future__ import annotations
@@ -129,24 +133,35 @@ class MarkovHead(nn.Module):
         elif self.kind == "rnn":
             self.joint_proj = nn.Linear(2 * r + d, 3 * r)  # input [s ; W1[prev] ; h] -> gate, cand, out
 
-    def step(self, prev_ids: mx.array, h: mx.array | None,
-             state: mx.array | None) -> tuple[mx.array, mx.array | None]:
-        """Bias [n, V] for previous tokens ``prev_ids`` [n]; ``h`` [n, d] and ``state`` [n, r] if needed."""
+    def step(self, prev_ids: mx.array, h: mx.array | None, state: mx.array | None,
+             vocab: mx.array | None = None) -> tuple[mx.array, mx.array | None]:
+        """Bias [n, V] for previous tokens ``prev_ids`` [n]; ``h`` [n, d] and ``state`` [n, r] if needed.
+
+        ``vocab`` [S] restricts the bias to those columns: [n, S].
+        """
         emb = self.markov_w1(prev_ids)  # [n, r]
         if self.kind == "vanilla":
-            return self.markov_w2(emb), state
+            return self._out(emb, vocab), state
         if h is None:
             raise ValueError(f"the {self.kind} Markov head needs the backbone hidden state h")
         h = h.astype(emb.dtype)
         if self.kind == "gated":
             gate = mx.sigmoid(self.gate_proj(mx.concatenate([h, emb], axis=-1)))
-            return self.markov_w2(gate * emb), state
+            return self._out(gate * emb, vocab), state
         if state is None:
             state = mx.zeros(emb.shape, dtype=emb.dtype)
         gate, cand, out = mx.split(self.joint_proj(mx.concatenate([state, emb, h], axis=-1)), 3, axis=-1)
         gate = mx.sigmoid(gate)
         new_state = gate * state + (1.0 - gate) * mx.tanh(cand)
-        return self.markov_w2(mx.tanh(out)), new_state
+        return self._out(mx.tanh(out), vocab), new_state
+
+    def _out(self, x: mx.array, vocab: mx.array | None) -> mx.array:
+        # W2 x: [n, r] -> [n, V], or [n, S] for the columns ``vocab`` [S] (rows of W2 [V, r] only).
+        if vocab is None:
+            return self.markov_w2(x)
+        if not isinstance(self.markov_w2, nn.Linear):  # quantized: no row gather on packed weights
+            return mx.take(self.markov_w2(x), vocab, axis=-1)
+        return x @ self.markov_w2.weight[vocab].T
 
 
 class ConfidenceHead(nn.Module):
@@ -186,18 +201,23 @@ class Drafter(nn.Module):
             max_position_embeddings=cfg.max_position_embeddings))
         object.__setattr__(self, "_target_embed", None)
         object.__setattr__(self, "_target_lm_head", None)
+        object.__setattr__(self, "_target_head_rows", None)
 
     # ------------------------------------------------------------ target binding
 
-    def bind_target(self, embed_fn: ArrayFn, lm_head_fn: ArrayFn) -> Drafter:
+    def bind_target(self, embed_fn: ArrayFn, lm_head_fn: ArrayFn, head_rows_fn: ArrayFn | None = None) -> Drafter:
         """Use the target's embedding (ids -> [.., d]) and lm_head ([.., d] -> [.., V]).
 
         Required for z-lab DFlash (and legacy DSpark checkpoints without their own copies). Pass
         the target's ``embed_tokens`` module and its ``lm_head`` (``embed_tokens.as_linear`` when
         tied). Stored as plain attributes, so they never show up in `parameters()`.
+        ``head_rows_fn`` (ids [S] -> lm_head weight rows [S, d]) lets `base_logits` compute a
+        column subset without the vocabulary-wide product; without it the subset is taken from
+        the full logits (same values, no saving).
         """
         object.__setattr__(self, "_target_embed", embed_fn)
         object.__setattr__(self, "_target_lm_head", lm_head_fn)
+        object.__setattr__(self, "_target_head_rows", head_rows_fn)
         return self
 
     def bind_target_model(self, model: nn.Module) -> Drafter:
@@ -207,7 +227,10 @@ class Drafter(nn.Module):
         if embed is None:
             raise AttributeError(f"cannot find embed_tokens on {type(model).__name__}")
         lm_head = getattr(model, "lm_head", None)  # absent when the target ties its embeddings
-        return self.bind_target(embed, lm_head if lm_head is not None else embed.as_linear)
+        if lm_head is None:  # tied: the head's rows are the embedding's rows
+            return self.bind_target(embed, embed.as_linear, embed)
+        rows = _weight_rows(lm_head)
+        return self.bind_target(embed, lm_head, rows)
 
     @property
     def needs_target_binding(self) -> bool:
@@ -288,8 +311,18 @@ class Drafter(nn.Module):
 
     # ------------------------------------------------------------ heads
 
-    def base_logits(self, h: mx.array) -> mx.array:
-        """U = lm_head(h): [.., d] -> [.., V] float32 (logits are always sampled in fp32)."""
+    def base_logits(self, h: mx.array, vocab: mx.array | None = None) -> mx.array:
+        """U = lm_head(h): [.., d] -> [.., V] float32 (logits are always sampled in fp32).
+
+        ``vocab`` [S] (training's draft shortlist): only those columns, [.., S], from the head's
+        rows [S, d] when they can be read directly (the vocabulary-wide product is most of a
+        training step).
+        """
+        if vocab is not None:
+            rows = self._head_rows(vocab)  # [S, d] or None
+            if rows is None:
+                return mx.take(self.base_logits(h), vocab, axis=-1)
+            return (h @ rows.astype(h.dtype).T).astype(mx.float32)
         if not self.config.owns_embeddings:
             out = self._bound("_target_lm_head")(h)
         elif self.config.tie_word_embeddings:
@@ -297,6 +330,17 @@ class Drafter(nn.Module):
         else:
             out = self.lm_head(h)
         return out.astype(mx.float32)
+
+    def _head_rows(self, vocab: mx.array) -> mx.array | None:
+        """The output head's weight rows [S, d] for token ids ``vocab`` [S]; None when unreadable."""
+        if not self.config.owns_embeddings:
+            self._bound("_target_lm_head")
+            fn = self._target_head_rows
+            return fn(vocab) if fn is not None else None
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens(vocab)  # an embedding lookup is a row gather (dequantized if packed)
+        rows = _weight_rows(self.lm_head)
+        return rows(vocab) if rows is not None else None
 
     @property
     def has_markov(self) -> bool:
@@ -314,27 +358,29 @@ class Drafter(nn.Module):
             return None
         return mx.zeros((n, self.config.markov_rank), dtype=self.compute_dtype)
 
-    def markov_step(self, prev_ids: mx.array, h: mx.array | None,
-                    state: mx.array | None) -> tuple[mx.array, mx.array | None]:
+    def markov_step(self, prev_ids: mx.array, h: mx.array | None, state: mx.array | None,
+                    vocab: mx.array | None = None) -> tuple[mx.array, mx.array | None]:
         """One sequential step of any head type: bias [n, V] float32 and the next state.
 
         ``prev_ids`` [n] is the anchor for draft 1 and the *sampled* previous draft afterwards;
-        ``h`` [n, d] is that draft's backbone row (needed by gated / rnn heads).
+        ``h`` [n, d] is that draft's backbone row (needed by gated / rnn heads). ``vocab`` [S]
+        restricts the bias to those columns: [n, S].
         """
         if not self.has_markov:
             raise ValueError("this drafter has no Markov head (markov_rank = 0)")
-        bias, state = self.markov_head.step(prev_ids, h, state)
+        bias, state = self.markov_head.step(prev_ids, h, state, vocab)
         return bias.astype(mx.float32), state
 
-    def markov_bias(self, prev_ids: mx.array, h: mx.array | None = None) -> mx.array:
+    def markov_bias(self, prev_ids: mx.array, h: mx.array | None = None,
+                    vocab: mx.array | None = None) -> mx.array:
         """Stateless Markov bias W2 . W1[prev]: prev_ids [n] -> [n, V] float32 (vanilla / gated).
 
         ``h`` [n, d] is required by gated heads. Callers that form draft logits use `draft_logits`,
-        which always passes it.
+        which always passes it. ``vocab`` [S] restricts the bias to those columns: [n, S].
         """
         if self.has_markov and self.config.markov_head_type == "rnn":
             raise ValueError("the rnn Markov head is stateful: use markov_init_state / markov_step")
-        return self.markov_step(prev_ids, h, None)[0]
+        return self.markov_step(prev_ids, h, None, vocab)[0]
 
     def confidence_logits(self, h: mx.array, prev_ids: mx.array) -> mx.array:
         """Pre-sigmoid confidence z_k from h [n, d] and x_{k-1} ids [n] -> [n] float32."""
@@ -361,7 +407,7 @@ class Drafter(nn.Module):
 
 
 def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array,
-                 base: mx.array | None = None) -> mx.array:
+                 base: mx.array | None = None, vocab: mx.array | None = None) -> mx.array:
     """Draft logits U + B(prev, h) of draft rows: h_rows [n, d], prev_ids [n] -> [n, V] float32.
 
     The single place a draft distribution is formed. Serving (`SpecDecoder._draft`), the cost
@@ -371,11 +417,25 @@ def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array,
     then the *sampled* previous draft when serving, the true previous token when training.
     ``base`` [n, V] is ``drafter.base_logits(h_rows)`` when the caller already has it (serving
     projects every row it will verify in one lm_head product); None computes it here.
+    ``vocab`` [S] (training only: the draft shortlist of the batch) gives the same logits at
+    those columns only, [n, S] (``base``, if passed, must then be [n, S] too). Serving passes
+    none: its drafts are sampled from the whole vocabulary.
     """
+    if vocab is not None:  # training's shortlist; serving's calls below stay exactly as they were
+        logits = drafter.base_logits(h_rows, vocab) if base is None else base  # [n, S]
+        return logits + drafter.markov_bias(prev_ids, h_rows, vocab) if drafter.has_markov else logits
     logits = drafter.base_logits(h_rows) if base is None else base  # [n, V] float32
     if drafter.has_markov:
         logits = logits + drafter.markov_bias(prev_ids, h_rows)  # [n, V]
     return logits
+
+
+def _weight_rows(head) -> ArrayFn | None:
+    """ids [S] -> rows [S, d] of a plain linear head's weight [V, d]; None for anything else
+    (a quantized head packs its rows: callers then take the columns from the full product)."""
+    if isinstance(head, nn.Linear):  # nn.QuantizedLinear is not a subclass
+        return lambda ids: head.weight[ids]
+    return None
 
 
 def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:

@@ -44,6 +44,7 @@ class BlockBatch:
     num_blocks: int  # b*N
     num_drafts: int  # Bd
     teacher: Teacher | None = None  # the target's cached top-k of each row (distillation only)
+    columns: Columns | None = None  # the loss's shortlist columns (distillation with a shortlist only)
 
 
 @dataclass
@@ -57,6 +58,15 @@ class Teacher:
     def rows(self, index: mx.array) -> Teacher:
         """The teacher of a subset of rows."""
         return Teacher(self.ids[index], self.logp[index], self.label_logp[index])
+
+
+@dataclass
+class Columns:
+    """A batch's draft-shortlist loss columns (`engine.train.shortlist`) and its targets in them."""
+
+    vocab: mx.array  # [C] int32 sorted token ids: the columns of the restricted logits
+    labels: mx.array  # [R] int32 column of each row's label
+    teacher: Teacher  # ids [R, k]: columns of the target's top-k (log-probs as in the full teacher)
 
 
 def gather_teacher(ids: mx.array, logp: mx.array, next_logp: mx.array, target_rows: mx.array) -> Teacher:

@@ -101,6 +101,7 @@ class TrainConfig:
     instrument_every: int = 0  # steps between instrument reports (0 = none)
     gate_core_hours: float = 0.0  # kd: go/no-go after this much CPU time in the early phase (0 = none)
     gate_min_match: float = 0.38  # the gate's teacher-forced held-out greedy match at position 1
+    shortlist: int = 0  # kd: KD over the batch's top-k, labels and this many frequent tokens (0 = whole vocabulary)
     extra: dict = field(default_factory=dict)  # free-form notes copied into training.json
 
     def __post_init__(self) -> None:
@@ -121,6 +122,8 @@ class TrainConfig:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of {OBJECTIVES}")
         if self.objective == "kd" and self.topk < 1:
             raise ValueError("the kd objective needs the target's top-k in the feature cache: give --topk (e.g. 32)")
+        if self.shortlist < 0:
+            raise ValueError("shortlist must be >= 0 (0 = the whole vocabulary)")
         if self.seq_len < self.block_size + 2:
             raise ValueError(f"seq_len {self.seq_len} is too short for block_size {self.block_size}")
 

@@ -71,20 +71,30 @@ def anchor_swap(trainer, batch: BlockBatch, seed: int = 0) -> dict:
 
 
 def greedy_match(trainer, batches: list[BlockBatch]) -> dict:
-    """Teacher-forced greedy match by position and its tau estimate over ``batches``."""
-    matches, positions, blocks, offset = [], [], [], 0
+    """Teacher-forced greedy match by position and its tau estimate over ``batches``.
+
+    Over the whole vocabulary, as served. When the run trains on a shortlist, ``outside_shortlist``
+    is the share of draft argmaxes that fall outside it (tokens the KD never pushed down).
+    """
+    matches, positions, blocks, argmaxes, offset = [], [], [], [], 0
     for batch in batches:
         h_rows = draft_rows(trainer.drafter, train_backbone(trainer.drafter, batch.taps, batch.block_ids,
                                                             batch.anchors, batch.attn_mask), batch.rows)
         logits = draft_logits(trainer.drafter, h_rows, batch.prev_ids)  # [R, V]
-        match = mx.argmax(logits, axis=-1) == _target_argmax(trainer, batch)
+        top = mx.argmax(logits, axis=-1)  # [R]
+        match = top == _target_argmax(trainer, batch)
         matches.append(np.array(match.astype(mx.float32)))
+        argmaxes.append(np.array(top))
         positions.append(batch.position)
         blocks.append(batch.block + offset)
         offset += batch.num_blocks
     per_pos, tau = acceptance_estimate(np.concatenate(matches), np.concatenate(positions),
                                        np.concatenate(blocks), offset, batches[0].num_drafts)
-    return {"by_position": [round(a, 4) for a in per_pos], "tau_estimate": round(tau, 4)}
+    out = {"by_position": [round(a, 4) for a in per_pos], "tau_estimate": round(tau, 4)}
+    shortlist = getattr(trainer, "shortlist", None)
+    if shortlist is not None:
+        out["outside_shortlist"] = round(float(np.mean(~np.isin(np.concatenate(argmaxes), shortlist))), 4)
+    return out
 
 
 def _target_argmax(trainer, batch: BlockBatch) -> mx.array:
@@ -105,8 +115,9 @@ class Monitor:
     def batches(self, trainer) -> list[BlockBatch]:
         """The fixed held-out batches (one per sample, seeded anchors), built once."""
         if self._batches is None:
+            # Whole-vocabulary batches (no shortlist columns): the instruments measure what serving drafts.
             self._batches = [trainer.batch_of(self.features, self.samples, [i],
-                                              np.random.default_rng([self.seed, 19, i]))
+                                              np.random.default_rng([self.seed, 19, i]), shortlist=False)
                              for i in range(len(self.samples))]
         return self._batches
 
@@ -161,7 +172,8 @@ def _verdict(cfg, result, report: dict) -> dict:
 
 def _describe(report: dict) -> str:
     gm, zc = report["greedy_match"], report["greedy_match_zero_context"]
+    outside = f" (argmax outside the shortlist {gm['outside_shortlist']:.3f})" if "outside_shortlist" in gm else ""
     return (f"instruments @ {report['step']}: held-out greedy " + " ".join(f"{a:.2f}" for a in gm["by_position"])
-            + f" tau~{gm['tau_estimate']:.2f} | zero-context " + " ".join(f"{a:.2f}" for a in zc["by_position"])
+            + f" tau~{gm['tau_estimate']:.2f}{outside} | zero-context " + " ".join(f"{a:.2f}" for a in zc["by_position"])
             + f" | residual norm {report['residual_norm']} (constant share {report['residual_constant_share']})"
             + f" | anchor swap {report['anchor_swap']}")

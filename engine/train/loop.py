@@ -27,6 +27,7 @@ from engine.train.loss import HeadFn, acceptance_estimate, block_losses, kd_loss
 from engine.train.order import make_order
 from engine.train.progress import ProgressBar
 from engine.train.recipe import Phase, phase_at
+from engine.train.shortlist import batch_columns, frequent_tokens
 
 
 HIDDEN_STAT_SAMPLES = 64  # samples the target's mean final state is measured on
@@ -91,6 +92,9 @@ class Trainer:
         self.hidden_center = None  # [d] the target's mean final state (kd's hidden regression centre)
         if cfg.objective == "kd" and cfg.hidden_center == "mean":
             self.hidden_center = mean_hidden(features, min(HIDDEN_STAT_SAMPLES, len(samples)))
+        self.shortlist = None  # [S] int32 sorted ids: the KD's frequent-token columns (engine.train.shortlist)
+        if cfg.objective == "kd" and cfg.shortlist > 0:
+            self.shortlist = frequent_tokens(samples, cfg.shortlist, drafter.config.vocab_size)
 
     # ------------------------------------------------------------ one step
 
@@ -100,8 +104,9 @@ class Trainer:
                              np.random.default_rng([self.cfg.seed, 3, step]), max_position)
 
     def batch_of(self, features: FeatureSource, samples: list[Sample], idx: list[int], rng: np.random.Generator,
-                 max_position: int | None = None) -> BlockBatch:
-        """The anchor blocks of samples ``idx`` of ``features`` (with the teacher when the objective is kd)."""
+                 max_position: int | None = None, shortlist: bool = True) -> BlockBatch:
+        """The anchor blocks of samples ``idx`` of ``features`` (with the teacher when the objective is kd,
+        and the shortlist's loss columns when the run has one and ``shortlist``)."""
         taps, hidden = features.batch(idx)
         chosen = [samples[i] for i in idx]
         anchors = np.stack([sample_anchors(s, self.cfg.anchors, rng) for s in chosen])
@@ -111,6 +116,8 @@ class Trainer:
                             decay=self.cfg.loss_decay, max_position=max_position)
         if self.cfg.objective == "kd":
             batch.teacher = gather_teacher(*features.teacher(idx), batch.target_rows)
+            if shortlist and self.shortlist is not None:
+                batch.columns = batch_columns(self.shortlist, batch.teacher, np.array(batch.labels))
         return batch
 
     def _loss(self, batch: BlockBatch, phase: Phase, with_target: bool) -> tuple[mx.array, dict]:

@@ -12,6 +12,8 @@ Distillation objective (the v2 recipe; the target's top-k cached per row, see `f
     L_kd   = KL(p || q) over the buckets {target top-k} ∪ {label} ∪ {rest of the vocabulary}
     L_hid  = 1 - cos(h_k, hidden[a+k-1])          the drafter's final state against the target's
 Both are exactly zero when the drafter's distribution (resp. state) equals the target's.
+With a draft shortlist (`engine.train.shortlist`) L_kd is the same KL with q renormalised over the
+batch's columns {shortlist ∪ top-k ∪ labels} instead of the whole vocabulary.
 c*_k is the analytic acceptance probability of draft k at T = 1 given an accepted prefix; its
 per-position mean and 1 + sum_j prod_{i<=j} c*_i (per block) are the training-time estimates of
 acceptance and tau that DeepSpec logs. The same estimate with c*_k replaced by 1[argmax q_k ==
@@ -132,7 +134,8 @@ def kd_losses(drafter: Drafter, h_rows: mx.array, batch: BlockBatch, teacher: Te
     ``center`` [d], the target's mean final state: the target's states share one large direction,
     so an uncentred cosine is mostly won by a constant vector (the self-prediction trap again).
     parts also has [R] ``greedy_match``: the draft argmax equals the target's (top-1), the
-    teacher-forced greedy acceptance of the row.
+    teacher-forced greedy acceptance of the row. With ``batch.columns`` (a draft shortlist) the KD,
+    the monitoring CE and that match are over those columns only (`engine.train.shortlist`).
     """
     w = batch.weights
     target_h = batch.hidden.reshape(-1, batch.hidden.shape[-1])[batch.target_rows]  # [R, d]
@@ -144,11 +147,14 @@ def kd_losses(drafter: Drafter, h_rows: mx.array, batch: BlockBatch, teacher: Te
     total = weights.get("hidden", 0.0) * parts["hidden"]
     if weights.get("kd", 0.0) <= 0:
         return total, parts
-    logits = draft_logits(drafter, h_rows, batch.prev_ids)  # [R, V]
+    labels, vocab = batch.labels, None
+    if batch.columns is not None:  # ids become columns of the shortlist: same formulas below
+        labels, vocab, teacher = batch.columns.labels, batch.columns.vocab, batch.columns.teacher
+    logits = draft_logits(drafter, h_rows, batch.prev_ids, vocab=vocab)  # [R, V] (shortlist: [R, C])
     logz = mx.stop_gradient(logits.max(axis=-1, keepdims=True))
     logz = logz + mx.log(fast_exp(logits - logz).sum(axis=-1, keepdims=True))  # [R, 1]
-    parts["kd"] = (w * kd_rows(logits, logz, batch.labels, teacher)).sum() / w.sum()
-    ce_rows = logz[:, 0] - mx.take_along_axis(logits, batch.labels[:, None], axis=-1)[:, 0]
+    parts["kd"] = (w * kd_rows(logits, logz, labels, teacher)).sum() / w.sum()
+    ce_rows = logz[:, 0] - mx.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
     parts["ce"] = mx.stop_gradient((w * ce_rows).sum() / w.sum())  # monitoring only
     match = mx.argmax(logits, axis=-1) == teacher.ids[:, 0]
     parts["greedy_match"] = mx.stop_gradient(match).astype(mx.float32)

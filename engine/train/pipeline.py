@@ -36,6 +36,7 @@ from engine.train.instruments import GateFailed, Monitor
 from engine.train.loop import LoopResult, Trainer
 from engine.train.model import init_drafter, num_trainable, save_trained
 from engine.train.progress import ProgressBar
+from engine.train.shortlist import label_coverage
 from engine.train.sts import Rounds, calibrate
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSourc
     precondition.apply(drafter, cfg.tap_scale, features.batch, min(precondition.STAT_SAMPLES, len(train)))
     trainer = Trainer(cfg, drafter, target.lm_head, features, train, bar)
     trainer.monitor = monitor
+    if trainer.shortlist is not None:
+        _save_shortlist(cfg, trainer.shortlist, train, bar)
     bar.message(f"training a {cfg.variant} drafter ({num_trainable(drafter) / 1e6:.2f} M trainable parameters)")
     try:
         result = trainer.run(resume=resume, stop_after=stop_after, save_on_stop=True)
@@ -140,6 +143,14 @@ def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSourc
         raise
     _save(cfg, dcfg, drafter)
     return trainer, result
+
+
+def _save_shortlist(cfg: TrainConfig, shortlist: np.ndarray, train: list[D.Sample], bar: ProgressBar) -> None:
+    """shortlist.json: the KD's frequent-token columns and their coverage of the training labels."""
+    coverage = label_coverage(shortlist, train)
+    bar.message(f"draft shortlist: {shortlist.size} tokens, {coverage:.4f} of the training labels")
+    (cfg.out / "shortlist.json").write_text(json.dumps(
+        {"size": int(shortlist.size), "label_coverage": round(coverage, 5), "ids": shortlist.tolist()}) + "\n")
 
 
 def _save(cfg: TrainConfig, dcfg, drafter) -> None:
@@ -356,7 +367,7 @@ def _calibrate(cfg: TrainConfig, target: Target, model, prompts: list[list[int]]
 def _recipe(cfg: TrainConfig) -> dict:
     keys = ("objective", "topk", "beta2", "weight_decay", "warmup_frac", "min_lr_frac", "hidden_weight",
             "hidden_center", "regress_steps", "early_steps", "early_positions", "final_steps", "markov_lr_mult",
-            "train_chunks", "grow_every", "gate_core_hours", "gate_min_match", "instrument_every")
+            "train_chunks", "grow_every", "gate_core_hours", "gate_min_match", "instrument_every", "shortlist")
     return {k: getattr(cfg, k) for k in keys}
 
 
