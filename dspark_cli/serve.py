@@ -25,7 +25,7 @@ _SERVER_FLAGS: tuple[tuple[str, str, str], ...] = (
 _METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "allowed_hosts": "HOSTS",
              "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS"}
 _SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization",
-               "lookup_min_ngram")
+               "lookup_min_ngram", "lookup_history")
 
 
 def add_parser(sub) -> None:

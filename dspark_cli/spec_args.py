@@ -21,16 +21,17 @@ def max_draft_value(text: str) -> int | str:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     """--model, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization,
-    --lookup-min-ngram."""
+    --lookup-min-ngram, --lookup-history."""
     env = os.environ.get
     p.add_argument("--model", default=env("DSPARK_MODEL"),
                    help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct [env DSPARK_MODEL]")
     p.add_argument("--drafter", default=env("DSPARK_DRAFTER"),
                    help="drafter directory or Hugging Face id; default: the shipped/published one [env DSPARK_DRAFTER]")
-    p.add_argument("--mode", choices=["dspark", "dflash", "lookup", "auto", "baseline"],
+    p.add_argument("--mode", choices=["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"],
                    default=env("DSPARK_MODE", "dspark"),
                    help="decoding mode: a trained drafter (dspark, dflash), drafts copied from the prompt and output "
-                        "(lookup), a trained drafter when one is known else lookup (auto), or none (baseline) "
+                        "(lookup), the trained drafter or lookup, whichever pays more, chosen each round (hybrid), "
+                        "a trained drafter when one is known else lookup (auto), or none (baseline) "
                         "[env DSPARK_MODE]")
     p.add_argument("--sampler", choices=["rejection", "seed-stable"], default=env("DSPARK_SAMPLER", "rejection"),
                    help="lossless sampler for temperature > 0 [env DSPARK_SAMPLER]")
@@ -43,6 +44,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-min-ngram", type=_min_ngram, metavar="N", default=_min_ngram(env("DSPARK_LOOKUP_MIN_NGRAM", "2")),
                    help="lookup drafts after a context match of 3 tokens, else of down to N (default: 2) "
                         "[env DSPARK_LOOKUP_MIN_NGRAM]")
+    p.add_argument("--lookup-history", type=_tokens, metavar="TOKENS", default=_tokens(env("DSPARK_LOOKUP_HISTORY", "0")),
+                   help="lookup and hybrid also draft from the last TOKENS tokens of earlier requests' outputs "
+                        "(default: 0, off: it makes one caller's timing depend on another's outputs) "
+                        "[env DSPARK_LOOKUP_HISTORY]")
 
 
 def _min_ngram(text: str) -> int:
@@ -56,6 +61,17 @@ def _min_ngram(text: str) -> int:
     return value
 
 
+def _tokens(text: str) -> int:
+    """A token count >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a token count >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected a token count >= 0")
+    return value
+
+
 def _float(text: str | None) -> float | None:
     return None if text in (None, "") else float(text)
 
@@ -66,5 +82,6 @@ def engine_config(args, max_queue: int = 16):
 
     spec = SpecConfig(mode=args.mode, drafter=args.drafter, max_draft=args.max_draft,
                       confidence_threshold=args.confidence_threshold, sampler=args.sampler,
-                      drafter_quantization=args.drafter_quantization, lookup_min_ngram=args.lookup_min_ngram)
+                      drafter_quantization=args.drafter_quantization, lookup_min_ngram=args.lookup_min_ngram,
+                      lookup_history=args.lookup_history)
     return EngineConfig(model=args.model, spec=spec, max_queue=max_queue)

@@ -3,7 +3,8 @@
 Vocabulary (vLLM's words, used throughout the engine; docs/method.md has the method):
     target      the model whose output we promise (verified every round)
     drafter     what proposes the drafts: a small model reading the target's hidden states
-                (kinds "dspark", "dflash") or prompt lookup (kind "lookup", no model)
+                (kinds "dspark", "dflash"), prompt lookup (kind "lookup", no model), or both,
+                chosen per round (kinds "dspark+lookup", "dflash+lookup": `hybrid` mode)
     round       one draft -> verify -> accept -> roll back cycle
     num_draft   draft tokens verified in a round (`l` in formulas); 0 is a plain decode step
     cap         the most drafts a round may verify (`--max-draft`; `auto` picks it per round)
@@ -24,13 +25,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # "auto": a trained drafter when one is known for the target, else lookup (engine/runtime.py).
-Mode = Literal["dspark", "dflash", "lookup", "auto", "baseline"]
-DrafterKind = Literal["dspark", "dflash", "lookup"]
+# "hybrid": a trained drafter and lookup, the better one chosen per round (else lookup alone).
+Mode = Literal["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"]
+DrafterKind = Literal["dspark", "dflash", "lookup", "dspark+lookup", "dflash+lookup"]
 SamplerName = Literal["rejection", "seed-stable"]
 WorkerState = Literal["loading", "ready", "dead"]
 FinishReason = Literal["stop", "length"]
 
-MODES: tuple[str, ...] = ("dspark", "dflash", "lookup", "auto", "baseline")
+MODES: tuple[str, ...] = ("dspark", "dflash", "lookup", "hybrid", "auto", "baseline")
 SAMPLERS: tuple[str, ...] = ("rejection", "seed-stable")
 
 
@@ -75,6 +77,9 @@ class SpecConfig:
     sampler: SamplerName = "rejection"  # default lossless sampler for temperature > 0
     drafter_quantization: str | None = None  # None, "bf16", "8bit", "4bit"
     lookup_min_ngram: int = 2  # shortest context match lookup drafts from (3 tokens are tried first)
+    # Tokens of recent outputs (all requests) lookup may also draft from; 0: off. Off by default:
+    # it makes one caller's timing depend on another caller's outputs.
+    lookup_history: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,18 @@ class EngineInfo:
     requested_mode: Mode | None = None  # what was asked for, when it differs from `mode`
     mode_note: str | None = None  # why `mode` differs from the request (e.g. no drafter known)
     drafter_kind: DrafterKind | None = None  # what proposes the drafts; None in baseline mode
+    # The cross-request lookup history's size, live (updated after each request); None when off.
+    lookup_history: HistoryUsage | None = field(default=None, compare=False)
+
+
+@dataclass
+class HistoryUsage:
+    """What the cross-request lookup history (`--lookup-history`) holds, updated in place by the engine
+    thread after each request (read by /metrics at scrape time)."""
+
+    budget_tokens: int  # the most tokens it keeps (older ones are evicted)
+    tokens: int  # tokens held now (output tokens plus one separator per output)
+    approx_bytes: int  # approximate memory of the tokens and the n-gram tables
 
 
 @dataclass
@@ -119,6 +136,8 @@ class KindStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     empty_rounds: int = 0  # asked for drafts but proposed none (lookup: no match), run as plain steps
+    history_rounds: int = 0  # lookup rounds whose drafts came from other requests' outputs (--lookup-history)
+    history_accepted_tokens: int = 0  # accepted drafts of those rounds
 
 
 @dataclass

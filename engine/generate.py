@@ -44,6 +44,7 @@ def stream_generate(runtime: Runtime, request: GenerationRequest) -> Iterator[To
                 reason = "length"
                 break
             tokens = decoder.step(request.max_tokens - len(total))
+    runtime.remember(total)  # into the cross-request lookup history, when --lookup-history is on
     tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
     if stops.stopped:
         reason = "stop"

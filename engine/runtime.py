@@ -3,7 +3,9 @@
 The effective mode is decided here once and reported through `EngineInfo` (and so /health and
 /v1/models): when dspark/dflash is asked for but no drafter exists for the target, the engine runs
 baseline and says so loudly, never silently. `auto` serves a trained drafter when one is known for
-the target and prompt lookup (engine/lookup.py) otherwise; `lookup` needs no drafter at all.
+the target and prompt lookup (engine/lookup.py) otherwise; `lookup` needs no drafter at all. `hybrid`
+loads the trained drafter `auto` would and drafts each round with it or with lookup, whichever the
+measured cost curve favours (lookup alone when no trained drafter is known).
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from engine.api import EngineConfig, EngineInfo, SpecConfig
 from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
-from engine.lookup import DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, LookupConfig, LookupDrafter
+from engine.lookup import (
+    DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, HybridDrafter, LookupConfig, LookupDrafter, LookupHistory,
+)
 from engine.models.target import Target
-from engine.scheduler import AUTO_PRIOR, AutoScheduler, CostCurve, LookupScheduler, Scheduler, ThresholdScheduler
+from engine.scheduler import (
+    AUTO_PRIOR, AutoScheduler, CostCurve, HybridScheduler, LookupScheduler, Scheduler, ThresholdScheduler,
+)
 from engine.seams import DrafterLike, TokenizerLike, drafter_kind
 
 log = logging.getLogger(__name__)
@@ -28,7 +34,7 @@ log = logging.getLogger(__name__)
 # drafter ships only when it pays, see docs/drafter-runs/).
 SHIPPED_DIR = Path(__file__).resolve().parent / "drafters"
 SHIPPED_DRAFTERS = {"dspark": "smollm2-135m-dspark", "dflash": "smollm2-135m-dflash"}
-TRAINED_MODES = ("dspark", "dflash")  # the order `auto` looks for a trained drafter in
+TRAINED_MODES = ("dspark", "dflash")  # the order `auto` and `hybrid` look for a trained drafter in
 
 
 class NoDrafterError(ValueError):
@@ -40,13 +46,19 @@ class Runtime:
     """Loaded models and the decisions derived from them."""
 
     target: Target
-    drafter: DrafterLike | LookupDrafter | None
+    drafter: DrafterLike | LookupDrafter | HybridDrafter | None
     tokenizer: TokenizerLike
     info: EngineInfo  # what is reported (/health, /v1/models); never read back as configuration
     eos_ids: frozenset[int]
     spec: SpecConfig
     curve: CostCurve | None = None  # measured round costs (every speculative mode)
     cap: int | None = None  # fixed cap, or auto's starting cap; None in baseline mode
+    history: LookupHistory | None = None  # recent outputs lookup drafts from (--lookup-history); None: off
+
+    def remember(self, output_ids: list[int]) -> None:
+        """Add a finished request's output to the lookup history (nothing when it is off)."""
+        if self.history is not None:
+            self.history.add(output_ids)
 
     @property
     def decode_threads(self) -> int | None:
@@ -59,6 +71,8 @@ class Runtime:
             return None
         cap = self.cap or 1
         spec, has_conf = self.spec, self.drafter.has_confidence
+        if isinstance(self.drafter, HybridDrafter):
+            return hybrid_scheduler(self.drafter, self.curve, spec.max_draft)
         if spec.max_draft == "auto" and self.curve is not None:
             if drafter_kind(self.drafter) == "lookup":
                 return LookupScheduler(self.drafter.config.max_drafts, self.curve)
@@ -66,6 +80,16 @@ class Runtime:
         if spec.confidence_threshold is not None and has_conf:
             return ThresholdScheduler(cap, spec.confidence_threshold)
         return Scheduler(cap)
+
+
+def hybrid_scheduler(drafter: HybridDrafter, curve: CostCurve, max_draft: int | str = "auto") -> HybridScheduler:
+    """A fresh `HybridScheduler`: both kinds' caps follow `curve` (the trained drafter's, with its
+    draft costs; lookup's rounds cost the verify alone), at most a fixed `max_draft` if given."""
+    bound = max_draft if isinstance(max_draft, int) else None
+    trained_cap = min(drafter.trained.config.max_drafts, bound or drafter.trained.config.max_drafts)
+    trained = AutoScheduler(trained_cap, curve, use_confidence=drafter.has_confidence)
+    free = replace(curve, draft_fixed_s=0.0, draft_per_token_s=0.0)
+    return HybridScheduler(trained, LookupScheduler(drafter.lookup.config.max_drafts, free))
 
 
 def _model_id(spec_model: str | None, path: Path) -> str:
@@ -81,7 +105,7 @@ def _drafter_source(spec: SpecConfig, model: str | None) -> str | None:
         return None
     if spec.drafter:
         return spec.drafter
-    modes = TRAINED_MODES if spec.mode == "auto" else (spec.mode,)
+    modes = TRAINED_MODES if spec.mode in ("auto", "hybrid") else (spec.mode,)
     return next((found for mode in modes if (found := _known_drafter(mode, model))), None)
 
 
@@ -98,8 +122,8 @@ def _mode_without_trained_drafter(spec: SpecConfig, model: str | None) -> tuple[
     if spec.mode in ("baseline", "lookup"):
         return spec.mode, None
     name = model or DEFAULT_MODEL_NAME
-    if spec.mode == "auto":
-        note = f"auto: no trained drafter is known for {name}: drafting by prompt lookup"
+    if spec.mode in ("auto", "hybrid"):
+        note = f"{spec.mode}: no trained drafter is known for {name}: drafting by prompt lookup"
         log.info(note)
         return "lookup", note
     note = (f"no {spec.mode} drafter is known for {name}: serving in baseline mode (plain decoding); pass "
@@ -133,28 +157,47 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     model, tokenizer, path = load_target(config.model, progress)
     source = _drafter_source(spec, config.model)
     note = None
+    history = None
     if source is not None:
         target = Target(model, load_drafter_config_taps(source))
         drafter = _load_drafter(source, target, model, spec.drafter_quantization)
         mode = drafter_kind(drafter) if spec.mode == "auto" else spec.mode
+        if mode == "hybrid":
+            history = _history(spec)
+            drafter = HybridDrafter(drafter, LookupDrafter(lookup_config(spec), history))
     else:
         mode, note = _mode_without_trained_drafter(spec, config.model)
+        history = _history(spec) if mode == "lookup" else None
         # Lookup reads no hidden states, so its target taps nothing (as in baseline mode).
-        target, drafter = Target(model), (LookupDrafter(lookup_config(spec)) if mode == "lookup" else None)
+        target, drafter = Target(model), (LookupDrafter(lookup_config(spec), history) if mode == "lookup" else None)
+    if spec.lookup_history and history is None:
+        log.warning("--lookup-history is ignored in %s mode: only lookup and hybrid draft from it", mode)
     target.check_taps()
     curve, cap = None, None
     if drafter is not None:
         # Every speculative mode gets the measured curve: `auto` chooses caps with it, and all of
-        # them decode at its BLAS thread count (cached per machine, so measured once).
+        # them decode at its BLAS thread count (cached per machine, so measured once). A hybrid's
+        # is the trained drafter's, timed out to the longer of the two kinds' largest caps.
         max_drafts = drafter.config.max_drafts
-        curve = _round_costs(target, drafter, str(path), source, max_drafts)
+        timed = drafter.trained if isinstance(drafter, HybridDrafter) else drafter
+        longest = max(max_drafts, drafter.lookup.config.max_drafts) if timed is not drafter else max_drafts
+        curve = _round_costs(target, timed, str(path), source, longest)
         cap = initial_auto_cap(curve, max_drafts) if spec.max_draft == "auto" else min(int(spec.max_draft), max_drafts)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model), sampler=spec.sampler, vocab_size=target.vocab_size,
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note, drafter_kind=drafter_kind(drafter),
+        lookup_history=history.usage if history is not None else None,
     )
-    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap)
+    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap, history)
+
+
+def _history(spec: SpecConfig) -> LookupHistory | None:
+    """The cross-request lookup history of `--lookup-history TOKENS` (None when 0: the default)."""
+    if not spec.lookup_history:
+        return None
+    cfg = lookup_config(spec)
+    return LookupHistory(spec.lookup_history, cfg.min_ngram, cfg.max_ngram)
 
 
 def _round_costs(target: Target, drafter, model_path: str, source: str | None, max_drafts: int,
@@ -175,8 +218,10 @@ def with_fresh_curve(runtime: Runtime) -> Runtime:
     if runtime.curve is None:
         return runtime
     max_drafts = runtime.drafter.config.max_drafts
-    curve = _round_costs(runtime.target, runtime.drafter, runtime.info.model_path, runtime.info.drafter, max_drafts,
-                         refresh=True)
+    timed, longest = runtime.drafter, max_drafts
+    if isinstance(timed, HybridDrafter):
+        timed, longest = timed.trained, max(max_drafts, timed.lookup.config.max_drafts)
+    curve = _round_costs(runtime.target, timed, runtime.info.model_path, runtime.info.drafter, longest, refresh=True)
     if runtime.spec.max_draft != "auto":
         return replace(runtime, curve=curve)
     cap = initial_auto_cap(curve, max_drafts)

@@ -269,3 +269,81 @@ class LookupScheduler(AutoScheduler):
         self._accepted = keep * self._accepted + num_accepted
         self._rejected = keep * self._rejected + float(num_accepted < num_verified)
         self.acceptance = [self.rate] * self.cap
+
+
+class HybridScheduler(Scheduler):
+    """`hybrid` mode: per round, lookup drafts, the trained drafter, or a plain step, whichever the
+    measured curve expects to commit the most tokens per second (docs/method.md §6.5).
+
+    The trained drafter's rate is its `AutoScheduler` estimate at the best cap on a round costing
+    verify(l + 1) + draft_fixed + draft_per_token * l; lookup's is its `LookupScheduler` rate at the
+    best cap on verify(l + 1) alone (no draft cost), only when lookup has a match. Both are fixed
+    before anything of the round is drawn, so the choice is non-anticipating (docs/method.md §6.1).
+    The chosen scheduler then runs the round (`begin_round`, `admit`, `observe` are delegated).
+
+    Lookup also learns from rounds it did not draft (`shadow`): its would-be drafts are compared with
+    the committed tokens. For a point-mass draft x the accept probability is p(x), the probability
+    that the committed token, an exact sample of p, equals x (and at greedy, or with seed-stable
+    noise, the committed token is exactly what verification would have accepted), so the comparison
+    is as good as a verified lookup round. That lets lookup win back rounds when a copy starts.
+    """
+
+    def __init__(self, trained: AutoScheduler, lookup: LookupScheduler):
+        super().__init__(max(trained.cap, lookup.cap))
+        self.trained, self.lookup = trained, lookup
+        self.active: Scheduler | None = None  # the scheduler running this round; None: a plain step
+
+    @property
+    def uses_confidence(self) -> bool:  # type: ignore[override]
+        return self.active is not None and self.active.uses_confidence
+
+    def choose(self, matched: int, limit: int) -> str | None:
+        """This round's drafter: "lookup", "trained", or None for a plain step. `matched` is the
+        length of lookup's proposal (0: no match), `limit` the most drafts the budget allows."""
+        self.active = None
+        if limit < 1:
+            return None
+        use_trained = self.trained.wants_draft()  # past rounds only; its skip and probe rhythm
+        plain_rate = 1.0 / self.trained.curve.round_time(0)
+        trained_rate = self.trained.curve.best_cap(self.trained.acceptance, min(self.trained.cap, limit))[1]
+        lookup_rate = 0.0
+        if matched:
+            lookup_rate = self.lookup.curve.best_cap(self.lookup.acceptance, min(self.lookup.cap, limit, matched))[1]
+        if lookup_rate > max(plain_rate, trained_rate if use_trained else 0.0):
+            self.active = self.lookup
+            return "lookup"
+        if use_trained:
+            self.active = self.trained
+            return "trained"
+        return None
+
+    def next_is_plain(self) -> bool:
+        """The next round is plain whatever lookup finds: the trained drafter skips it and lookup's
+        rate beats no plain step at any cap."""
+        return self.trained.next_is_plain() and self.lookup.curve.best_cap(self.lookup.acceptance, self.lookup.cap)[0] == 0
+
+    def begin_round(self, limit: int) -> None:
+        self.active.begin_round(limit)
+
+    def admit(self, k: int, confidence: float | None) -> bool:
+        return self.active.admit(k, confidence)
+
+    @property
+    def round_limit(self) -> int:
+        return self.active.round_limit if self.active is not None else 0
+
+    def observe(self, num_verified: int, num_accepted: int) -> None:
+        if self.active is not None:
+            self.active.observe(num_verified, num_accepted)
+
+    def shadow(self, proposal: list[int], committed: list[int]) -> None:
+        """Teach lookup from a round it did not draft: `proposal` its drafts at the round's start,
+        `committed` the round's tokens. Drafts agreeing with the committed tokens count as accepted;
+        the first disagreement as a rejection; past the committed tokens nothing is known."""
+        if not proposal or self.active is self.lookup:
+            return
+        agree = 0
+        while agree < min(len(proposal), len(committed)) and proposal[agree] == committed[agree]:
+            agree += 1
+        rejected = agree < min(len(proposal), len(committed))
+        self.lookup.observe(agree + int(rejected), agree)

@@ -9,6 +9,9 @@ The anchor sits at absolute position p = len(committed) - 1. DSpark slot j draft
 z-lab DFlash slot i >= 1 drafts p+i (the drafter's `draft_hidden` hides that difference).
 A lookup drafter (`engine/lookup.py`) reads no taps: its state is an n-gram index over `committed`
 instead of a context cache, and a round where it finds no match is a plain decode step.
+A hybrid drafter (`HybridDrafter`) has both states: each round `HybridScheduler` picks lookup, the
+trained drafter or a plain step; every round's taps join the trained drafter's pending context,
+whichever kind drafted it, so skipping its pass loses no context (docs/method.md §3.5).
 
 Logit processors (penalties, logit bias; `engine/processors.py`) act on every row a distribution
 is formed from, each with the history plain decoding would have at that row's position.
@@ -24,14 +27,19 @@ import mlx.core as mx
 
 from engine import sampling
 from engine.api import KindStats, SpecStats
+from engine.lookup import split_drafter
 from engine.models.drafter import draft_logits
 from engine.models.target import Target, cache_length, fork_cache, trim_cache
 from engine.processors import LogitProcessor, ProcessorSettings
 from engine.samplers import Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import HybridScheduler, Scheduler
 from engine.seams import DrafterLike, drafter_kind
 
 PREFILL_CHUNK = 512
+# Pending context rows (taps the trained drafter has not absorbed) are absorbed into its context
+# cache once this many pile up in rounds it skips (plain steps, lookup rounds), so that the pending
+# array is not copied whole every round and the next draft pass does not absorb a long run at once.
+ABSORB_ROWS = 64
 
 
 @dataclass
@@ -47,7 +55,8 @@ class DecodeOptions:
 class SpecDecoder:
     """Decodes one request; `drafter=None` is baseline mode (plain target decoding).
 
-    `drafter` is a trained drafter (`DrafterLike`) or `engine.lookup.LookupDrafter`.
+    `drafter` is a trained drafter (`DrafterLike`), `engine.lookup.LookupDrafter`, or
+    `engine.lookup.HybridDrafter` (both, with a `HybridScheduler`).
 
     Use: `prefill(prompt)` then `step(budget)` until `done`. `read_prompt` + `first_token` are
     prefill's two halves; between them `fork` gives decoders that share the prompt's forward pass
@@ -60,12 +69,18 @@ class SpecDecoder:
         self.sampler = opts.sampler
         self.committed: list[int] = []
         self.target_cache = target.make_cache()
-        self.kind = drafter_kind(drafter)  # "dspark", "dflash", "lookup"; None in baseline mode
+        # "dspark", "dflash", "lookup", "dspark+lookup", "dflash+lookup"; None in baseline mode
+        self.kind = drafter_kind(drafter)
+        self._trained, self._lookup = split_drafter(drafter)
+        self._hybrid = self._trained is not None and self._lookup is not None
+        self._trained_kind = drafter_kind(self._trained)
+        # The kind drafting the current round (a hybrid decoder sets it each round).
+        self._round_kind = "lookup" if self._trained is None else self._trained_kind
         # Only trained drafters read the target's hidden states: lookup never builds or keeps taps.
-        self._taps = drafter is not None and self.kind != "lookup"
-        self.draft_cache = drafter.make_cache() if drafter is not None else None
+        self._taps = self._trained is not None
+        self.draft_cache = self._trained.make_cache() if self._trained is not None else None
         # Lookup's draft state is its n-gram index over `committed`, fed each committed token.
-        self._index = self.draft_cache if self.kind == "lookup" else None
+        self._index = self._lookup.make_cache() if self._lookup is not None else None
         self.ctx_pending: mx.array | None = None  # [1, c, m*d] taps not yet in the draft cache
         # The next plain step's (lazy token, raw logits row [V]), its forward queued.
         self._ahead: tuple[mx.array, mx.array] | None = None
@@ -124,7 +139,7 @@ class SpecDecoder:
         other.ctx_pending = self.ctx_pending  # MLX arrays are immutable: sharing is safe
         other.committed[:] = self.committed
         if self._index is not None:
-            other.draft_cache = other._index = self._index.copy()
+            other._index = self._index.copy()
         other.processor.add_prompt(self.committed)
         other._prompt_row = self._prompt_row
         return other
@@ -135,12 +150,37 @@ class SpecDecoder:
         """One round committing at most `budget` >= 1 tokens; returns the committed tokens."""
         if self.drafter is None:
             return self._plain_step(queue_next=budget > 1)
+        if self._hybrid:
+            return self._hybrid_step(budget)
         if not self.scheduler.wants_draft() or self._ahead is not None:
             return self._plain_step(queue_next=budget > 1 and self.scheduler.next_is_plain())
+        return self._round(budget)
+
+    def _hybrid_step(self, budget: int) -> list[int]:
+        """A hybrid round: lookup drafts, the trained drafter, or a plain step, as `HybridScheduler`
+        chooses from lookup's proposal and the estimates of past rounds (docs/method.md §6.5)."""
+        scheduler: HybridScheduler = self.scheduler
         t0 = time.perf_counter()
+        # A few dictionary look-ups: whether lookup has a match, and what it would draft.
+        proposal = self._index.propose(self._lookup.config.max_drafts)
+        # A plain step that the previous one already queued: no choice to make (a limit of 0 drafts
+        # makes `choose` say plain without consulting, or changing, either scheduler).
+        limit = 0 if self._ahead is not None else budget - 1
+        choice = scheduler.choose(len(proposal), limit)
+        if choice is None:
+            new = self._plain_step(queue_next=budget > 1 and scheduler.next_is_plain())
+        else:
+            self._round_kind = "lookup" if choice == "lookup" else self._trained_kind
+            new = self._round(budget, t0)
+        scheduler.shadow(proposal, new)
+        return new
+
+    def _round(self, budget: int, t0: float | None = None) -> list[int]:
+        """Draft with this round's kind, verify, accept, commit and roll back."""
+        t0 = time.perf_counter() if t0 is None else t0
         draft_ids, draft_logprobs = self.draft(limit=budget - 1)
         t1 = time.perf_counter()
-        if not draft_ids and self._index is not None:
+        if not draft_ids and self._round_kind == "lookup":
             return self._no_match_step(t1 - t0)
         logits, taps = self._verify(draft_ids)
         t2 = time.perf_counter()
@@ -193,34 +233,47 @@ class SpecDecoder:
         if taps is None:
             mx.async_eval(token)
             return token, row
-        self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
         mx.async_eval(token, taps)
+        self._add_context(taps)
         return token, row
+
+    def _add_context(self, taps: mx.array) -> None:
+        """Queue taps [1, c, m*d] of newly committed positions for the trained drafter's context.
+
+        They wait in `ctx_pending` until its next pass absorbs them; rounds it skips (plain steps,
+        lookup rounds of a hybrid) keep adding, and every ABSORB_ROWS rows are absorbed into its
+        context cache at once, so nothing is lost and nothing is recomputed."""
+        self.ctx_pending = taps if self.ctx_pending is None else mx.concatenate([self.ctx_pending, taps], axis=1)
+        if self.ctx_pending.shape[1] >= ABSORB_ROWS:
+            self._trained.append_context(self.ctx_pending, self.draft_cache)
+            self.ctx_pending = None
 
     def draft(self, limit: int) -> tuple[list[int], mx.array | None]:
         """This round's drafts: up to `limit` ids, and their log q [l, V] (None when the accept rule
         needs no q). A trained drafter samples them one by one (the Markov bias uses the *sampled*
-        previous token); lookup copies them from the context (`_lookup_draft`)."""
-        if self._index is not None:
+        previous token); lookup copies them from the context (`_lookup_draft`). A hybrid decoder
+        drafts with the kind its scheduler chose for the round."""
+        if self._round_kind == "lookup":
             return self._lookup_draft(limit)
         anchor, p = self.committed[-1], len(self.committed) - 1
-        cfg = self.drafter.config
+        drafter = self._trained
+        cfg = drafter.config
         block = mx.array([[anchor] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # [1, B]
-        h = self.drafter.draft_hidden(self.drafter.backbone(self.ctx_pending, block, self.draft_cache))[0]  # [L, d]
+        h = drafter.draft_hidden(drafter.backbone(self.ctx_pending, block, self.draft_cache))[0]  # [L, d]
         self.ctx_pending = None
         cap = min(limit, h.shape[0])
         self.scheduler.begin_round(cap)
         # Without confidence truncation the verified length is known now: one lm_head matmul over
         # exactly those rows. With it, rows are projected one by one as they are admitted.
         lazy = self._uses_confidence()
-        base = None if lazy else self.drafter.base_logits(h[: self.scheduler.round_limit])  # [l, V]
+        base = None if lazy else drafter.base_logits(h[: self.scheduler.round_limit])  # [l, V]
         ids, logq_rows, prev = [], [], anchor
         for k in range(1, cap + 1):
             if not self.scheduler.admit(k, self._confidence(h, k, prev) if lazy else None):
                 break
             # Lazy: this row's lm_head runs only now that it is admitted. The Markov bias needs the
             # sampled x_{k-1} (and h_k for gated heads), so it is added row by row in either path.
-            row = draft_logits(self.drafter, h[k - 1 : k], mx.array([prev]),
+            row = draft_logits(drafter, h[k - 1 : k], mx.array([prev]),
                                None if lazy else base[k - 1 : k])[0]  # [V]
             # Processed before sampling, so logq is exactly the q this draft is drawn from.
             row = self.processor.apply(row, ids)  # history: committed + drafts[:k-1]
@@ -236,7 +289,7 @@ class SpecDecoder:
 
         The proposal is a function of the committed tokens alone (no random draw), so cutting it at
         the scheduler's cap cannot look ahead at a sample (docs/method.md §6.1)."""
-        self.scheduler.begin_round(min(limit, self.drafter.config.max_drafts))
+        self.scheduler.begin_round(min(limit, self._lookup.config.max_drafts))
         ids: list[int] = []
         for k, token in enumerate(self._index.propose(self.scheduler.round_limit), start=1):
             if not self.scheduler.admit(k, None):
@@ -245,17 +298,18 @@ class SpecDecoder:
         return ids, (self.sampler.point_mass(ids, self.target.vocab_size) if ids else None)
 
     def _uses_confidence(self) -> bool:
-        return self.scheduler.uses_confidence and self.drafter.has_confidence
+        return self.scheduler.uses_confidence and self._trained.has_confidence
 
     def _confidence(self, h: mx.array, k: int, prev: int) -> float:
         """c_k = sigmoid(z_k / t_k); depends on h_k and x_{k-1} only (never on x_k)."""
-        z = self.drafter.confidence_logits(h[k - 1 : k], mx.array([prev])).item()
-        temps = self.drafter.config.sts_temperatures
+        z = self._trained.confidence_logits(h[k - 1 : k], mx.array([prev])).item()
+        temps = self._trained.config.sts_temperatures
         t = temps[k - 1] if temps and k - 1 < len(temps) else 1.0
         return 1.0 / (1.0 + math.exp(-z / t))
 
     def _verify(self, draft_ids: list[int]) -> tuple[mx.array, mx.array | None]:
-        """One target forward over [anchor, x_1..x_l]: logits [l+1, V], taps [1, l+1, m*d] (lookup: None)."""
+        """One target forward over [anchor, x_1..x_l]: logits [l+1, V], taps [1, l+1, m*d] (None without a
+        trained drafter)."""
         ids = mx.array([[self.committed[-1]] + draft_ids])  # [1, l+1]
         logits, taps = self._forward(ids)
         mx.eval(logits, taps) if taps is not None else mx.eval(logits)
@@ -263,22 +317,20 @@ class SpecDecoder:
 
     def _forward(self, ids: mx.array) -> tuple[mx.array, mx.array | None]:
         """Target forward of ids [1, n] on this request's cache: logits [1, n, V] and, for a trained
-        drafter, taps [1, n, m*d]; else None (lookup asks the target for none at all)."""
-        if self.kind == "lookup":
-            return self.target.forward(ids, self.target_cache, taps=False)
-        logits, taps = self.target.forward(ids, self.target_cache)
-        return logits, (taps if self._taps else None)
+        drafter, taps [1, n, m*d]; else None (lookup and baseline ask the target for none at all)."""
+        return self.target.forward(ids, self.target_cache, taps=self._taps)
 
     def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
         x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]
         return self.sampler.accept(draft_ids, draft_logprobs, x, anchor=len(self.committed) - 1)
 
     def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array | None) -> None:
-        """Keep anchor + accepted rows in the target cache; their taps (if any) become the next draft
-        context. Lookup needs nothing rolled back: its index only ever holds committed tokens."""
+        """Keep anchor + accepted rows in the target cache; their taps (if any) join the trained
+        drafter's pending context (after any rows a hybrid's lookup rounds left there). Lookup needs
+        nothing rolled back: its index only ever holds committed tokens."""
         trim_cache(self.target_cache, num_draft - num_accepted)
         if taps is not None:
-            self.ctx_pending = taps[:, : num_accepted + 1]
+            self._add_context(taps[:, : num_accepted + 1])
 
     # ------------------------------------------------------------------ sampling helpers
 
@@ -336,12 +388,15 @@ class SpecDecoder:
             kind.rounds += 1
             kind.drafted_tokens += num_draft
             kind.accepted_tokens += num_accepted
+            if self._round_kind == "lookup" and self._index.last_source == "history":
+                kind.history_rounds += 1
+                kind.history_accepted_tokens += num_accepted
         if self.scheduler is not None:
             self.scheduler.observe(num_draft, num_accepted)
 
     def _kind_stats(self) -> KindStats:
-        """This request's counters for its drafter kind (created on first use)."""
-        return self.stats.by_kind.setdefault(self.kind, KindStats())
+        """This request's counters for the kind that drafted this round (created on first use)."""
+        return self.stats.by_kind.setdefault(self._round_kind, KindStats())
 
     def check_invariants(self) -> None:
         """Assert the round bookkeeping invariants (used by tests after every round)."""
@@ -349,7 +404,9 @@ class SpecDecoder:
         queued = int(self._ahead is not None)  # a queued forward is cached (and its taps pending)
         assert cache_length(self.target_cache) == n - 1 + queued, (cache_length(self.target_cache), n, queued)
         if self._index is not None:
-            assert self._index.tokens == self.committed and self.ctx_pending is None
-        if self._taps:
+            assert self._index.tokens == self.committed
+        if not self._taps:
+            assert self.ctx_pending is None
+        else:
             pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
-            assert self.drafter.context_length(self.draft_cache) + pending == n - 1 + queued
+            assert self._trained.context_length(self.draft_cache) + pending == n - 1 + queued

@@ -3,8 +3,10 @@
 Requests by endpoint and outcome, running requests and queue depth, TTFT / inter-token latency /
 request duration histograms, prompt and generated tokens, and the speculative counters: rounds,
 drafted and accepted tokens, and accepted / verified tokens by draft position (their ratio is
-the per-position acceptance rate), the same by drafter kind (dspark, dflash, lookup) with the rounds
-whose drafter proposed nothing. Engine state and what is served are read at scrape time.
+the per-position acceptance rate), the same by the kind that drafted each round (dspark, dflash,
+lookup; a hybrid's rounds count under the kind it chose) with the rounds whose drafter proposed
+nothing, and lookup rounds drafted from other requests' outputs (`--lookup-history`). Engine state,
+what is served and the lookup history's size are read at scrape time.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class Metrics:
                                      ["kind"], registry=r)
         self.kind_empty = Counter("dspark_spec_empty_rounds_by_kind", "Rounds decoded plainly because the drafter "
                                   "proposed nothing (lookup: no match), by drafter kind", ["kind"], registry=r)
+        self.history_rounds = Counter("dspark_lookup_history_rounds", "Lookup rounds drafted from earlier requests' "
+                                      "outputs (--lookup-history)", registry=r)
+        self.history_accepted = Counter("dspark_lookup_history_accepted_tokens", "Accepted drafts of lookup rounds "
+                                        "drafted from earlier requests' outputs", registry=r)
         self.ignored = Counter("dspark_ignored_fields", "Request fields ignored by the tolerant policy, by name",
                                ["field"], registry=r)
         self._ignored_labels: set[str] = set()
@@ -120,6 +126,8 @@ class Metrics:
             self.kind_drafted.labels(kind=kind).inc(counts.drafted_tokens)
             self.kind_accepted.labels(kind=kind).inc(counts.accepted_tokens)
             self.kind_empty.labels(kind=kind).inc(counts.empty_rounds)
+            self.history_rounds.inc(counts.history_rounds)
+            self.history_accepted.inc(counts.history_accepted_tokens)
 
     def observe_duration(self, seconds: float) -> None:
         """One finished request's wall time; also feeds the Retry-After estimate."""
@@ -201,3 +209,16 @@ class _EngineCollector(Collector):
             served.add_metric([info.model_id, info.mode, info.drafter or "", info.drafter_kind or "", info.sampler,
                                str(info.cap or "")], 1.0)
             yield served
+            yield from _history_gauges(info.lookup_history)
+
+
+def _history_gauges(usage) -> Iterator[GaugeMetricFamily]:
+    """The cross-request lookup history's budget, tokens held and approximate bytes (none when off)."""
+    if usage is None:
+        return
+    yield GaugeMetricFamily("dspark_lookup_history_budget_tokens", "Most tokens the lookup history keeps",
+                            value=usage.budget_tokens)
+    yield GaugeMetricFamily("dspark_lookup_history_tokens", "Tokens of earlier outputs the lookup history holds",
+                            value=usage.tokens)
+    yield GaugeMetricFamily("dspark_lookup_history_bytes", "Approximate memory of the lookup history",
+                            value=usage.approx_bytes)

@@ -651,6 +651,14 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class LookupHistoryHealth(BaseModel):
+    """What the cross-request lookup history holds (`--lookup-history`): its memory, reported."""
+
+    budget_tokens: int
+    tokens: int
+    approx_bytes: int
+
+
 class Health(BaseModel):
     """GET /health: 200 only when the engine is ready and the server is not draining."""
 
@@ -669,3 +677,5 @@ class Health(BaseModel):
     requested_mode: str | None = None  # set when the served mode differs from the requested one
     mode_note: str | None = None  # why (e.g. no drafter is known for the target)
     drafter_kind: str | None = None  # what proposes the drafts: dspark, dflash or lookup (None: baseline)
+    lookup_history: LookupHistoryHealth | None = None  # set when --lookup-history is on
+

@@ -23,12 +23,14 @@ class ServerSettings(BaseSettings):
     # Model and speculative decoding (the same flags as `dspark generate`).
     model: str | None = Field(default=None, description="mlx-lm model directory or HF id; None: embedded default")
     drafter: str | None = Field(default=None, description="drafter path or HF id; None: the one for the target")
-    mode: Literal["dspark", "dflash", "lookup", "auto", "baseline"] = Field(default="dspark", description="decoding mode")
+    mode: Literal["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"] = Field(default="dspark",
+                                                                                     description="decoding mode")
     sampler: Literal["rejection", "seed-stable"] = Field(default="rejection", description="default lossless sampler")
     max_draft: int | Literal["auto"] = Field(default="auto", description="drafts verified per round, or auto")
     confidence_threshold: float | None = Field(default=None, ge=0, le=1, description="stop drafting below this")
     drafter_quantization: Literal["bf16", "8bit", "4bit"] | None = Field(default=None, description="drafter dtype")
     lookup_min_ngram: int = Field(default=2, ge=1, description="shortest context match lookup drafts from")
+    lookup_history: int = Field(default=0, ge=0, description="tokens of recent outputs lookup drafts from; 0: off")
 
     # HTTP.
     host: str = Field(default="127.0.0.1", description="interface to bind")
@@ -73,7 +75,8 @@ class ServerSettings(BaseSettings):
         """The engine configuration these settings describe."""
         spec = SpecConfig(mode=self.mode, drafter=self.drafter, max_draft=self.max_draft, sampler=self.sampler,
                           confidence_threshold=self.confidence_threshold,
-                          drafter_quantization=self.drafter_quantization, lookup_min_ngram=self.lookup_min_ngram)
+                          drafter_quantization=self.drafter_quantization, lookup_min_ngram=self.lookup_min_ngram,
+                          lookup_history=self.lookup_history)
         return EngineConfig(model=self.model, spec=spec, max_queue=self.max_queue)
 
     def base_url(self) -> str:

@@ -61,7 +61,7 @@ def test_defaults_ignore_the_environment(monkeypatch):
     monkeypatch.setenv("DSPARK_MODE", "baseline")
     monkeypatch.setenv("DSPARK_MAX_DRAFT", "3")
     rendered = gen.render(gen.build_parser())
-    assert "| `--mode` | `dspark\\|dflash\\|lookup\\|auto\\|baseline` | `dspark` |" in rendered
+    assert "| `--mode` | `dspark\\|dflash\\|lookup\\|hybrid\\|auto\\|baseline` | `dspark` |" in rendered
     assert "| `--max-draft` | `MAX_DRAFT` | `auto` |" in rendered
 
 

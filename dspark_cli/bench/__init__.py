@@ -1,7 +1,8 @@
-"""`dspark bench`: reproducible speed of baseline, dspark and dflash (at every cap and auto) and mlx-lm.
+"""`dspark bench`: reproducible speed of baseline and the speculative modes (at every cap and auto) and mlx-lm.
 
     dspark bench --quick --out bench-quick      # about 10 minutes on a 2-core CPU with SmolLM2-135M
     dspark bench --out bench-full               # the whole prompt set, every cap
+    dspark bench --workloads --server --modes lookup --out bench-lookup   # copy-heavy workloads, via HTTP
 
 Writes report.json (every run, every paired ratio), report.md and PNG plots into --out.
 """
@@ -12,16 +13,25 @@ import sys
 from pathlib import Path
 
 from dspark_cli.bench.plan import FULL, QUICK
-from dspark_cli.bench.prompts import DEFAULT_PROMPTS
+from dspark_cli.bench.prompts import DEFAULT_PROMPTS, DEFAULT_WORKLOADS
 from dspark_cli.progress import ProgressBar, stderr_progress
+from engine.api import MODES
 
-SPEC_MODES = ("dspark", "dflash")
+# Every engine mode that decodes with a drafter. `baseline` is the reference arm itself, and `auto`
+# only picks one of the others; a mode added to the engine is benchable with no change here.
+SPEC_MODES = tuple(m for m in MODES if m not in ("baseline", "auto"))
+DEFAULT_MODES = ("dspark", "dflash")
 
 
 def _csv(kind):
     def parse(text: str):
         return tuple(kind(x) for x in text.split(",") if x.strip())
     return parse
+
+
+def _caps(text: str) -> tuple[int, ...]:
+    """--caps: a comma-separated list of fixed caps, or `auto` for no fixed cap (auto's arm only)."""
+    return () if text.strip() == "auto" else _csv(int)(text)
 
 
 def add_parser(sub) -> None:
@@ -35,9 +45,16 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help="mlx-lm directory or Hugging Face id; default: embedded SmolLM2")
     p.add_argument("--dspark-drafter", default=None, metavar="PATH", help="DSpark drafter; default: the shipped/published one")
     p.add_argument("--dflash-drafter", default=None, metavar="PATH", help="DFlash drafter; default: the shipped/published one")
-    p.add_argument("--modes", type=_csv(str), metavar="LIST", default=SPEC_MODES, help="speculative modes (default: dspark,dflash)")
-    p.add_argument("--caps", type=_csv(int), metavar="LIST", default=None, help="fixed caps, e.g. 1,2,4 (default: 1..block)")
+    p.add_argument("--modes", type=_csv(str), metavar="LIST", default=DEFAULT_MODES,
+                   help=f"speculative modes, from {','.join(SPEC_MODES)} (default: dspark,dflash)")
+    p.add_argument("--caps", type=_caps, metavar="LIST", default=None,
+                   help="fixed caps, e.g. 1,2,4, or auto for none (default: 1..block)")
     p.add_argument("--prompts", type=Path, metavar="JSONL", default=DEFAULT_PROMPTS, help="prompt set JSONL (default: the v1 set)")
+    p.add_argument("--workloads", action="store_true",
+                   help=f"use the copy-heavy workload set ({DEFAULT_WORKLOADS.name}) instead of --prompts")
+    p.add_argument("--server", action="store_true",
+                   help="time requests to `dspark serve` child processes (baseline and each mode at auto) "
+                        "instead of the engine in-process")
     p.add_argument("--per-kind", type=int, metavar="N", default=None, help="prompts per kind (default: all; --quick: 1)")
     p.add_argument("--max-tokens", type=int, metavar="N", default=None, help="tokens per run (default: 128; --quick: 48)")
     p.add_argument("--repeats", type=int, metavar="N", default=None, help="timed passes per prompt (default: 2)")
@@ -49,10 +66,13 @@ def _plan(args):
     bad = [m for m in args.modes if m not in SPEC_MODES]
     if bad:
         raise SystemExit(f"dspark bench: unknown mode(s) {', '.join(bad)}; choose from {', '.join(SPEC_MODES)}")
+    if args.server and args.caps:
+        raise SystemExit("dspark bench --server: each server decodes at its own --max-draft auto; drop --caps")
     base = QUICK if args.quick else FULL
-    return base.with_overrides(modes=tuple(args.modes), caps=args.caps, per_kind=args.per_kind,
-                               max_tokens=args.max_tokens, repeats=args.repeats,
-                               mlx_lm=False if args.no_mlx_lm else None)
+    # Through the servers there is no mlx-lm arm and no fixed cap: each arm is a whole server.
+    return base.with_overrides(modes=tuple(args.modes), caps=() if args.server else args.caps,
+                               per_kind=args.per_kind, max_tokens=args.max_tokens, repeats=args.repeats,
+                               mlx_lm=False if args.no_mlx_lm or args.server else None)
 
 
 def load_runtimes(model: str | None, modes, drafters: dict) -> tuple[object, dict, list[str]]:
@@ -82,14 +102,20 @@ def run(args) -> int:
 
     plan = _plan(args)
     environment = collect()
-    baseline, spec, skipped = load_runtimes(args.model, plan.modes, {"dspark": args.dspark_drafter,
-                                                                     "dflash": args.dflash_drafter})
-    prompts, meta = load_prompts(args.prompts, plan.per_kind)
-    encoded = core.encode_prompts(prompts, baseline.tokenizer)
-    records, summ, _ = core.measure(baseline, spec, encoded, plan, lambda n: ProgressBar(n, "bench"))
-    rep = core.build_report(records, summ, spec, plan=plan, environment=environment, prompt_meta=meta,
-                            target=baseline.info.model_id, command=" ".join(["dspark", *sys.argv[1:]]),
-                            skipped=skipped)
+    prompts, meta = load_prompts(DEFAULT_WORKLOADS if args.workloads else args.prompts, plan.per_kind)
+    if args.server:
+        from dspark_cli.bench.server import run_server_bench
+
+        rep = run_server_bench(args, plan, prompts, meta, environment)
+    else:
+        baseline, spec, skipped = load_runtimes(args.model, plan.modes, {"dspark": args.dspark_drafter,
+                                                                         "dflash": args.dflash_drafter})
+        encoded = core.encode_prompts(prompts, baseline.tokenizer)
+        records, summ, _ = core.measure(baseline, spec, encoded, plan, lambda n: ProgressBar(n, "bench"),
+                                        kinds={p.id: p.kind for p in prompts})
+        rep = core.build_report(records, summ, spec, plan=plan, environment=environment, prompt_meta=meta,
+                                target=baseline.info.model_id, command=" ".join(["dspark", *sys.argv[1:]]),
+                                skipped=skipped)
     out = write_all(rep, args.out)
     print((out / "report.md").read_text())
     stderr_progress(wrote_message(out, rep["plots"]))

@@ -70,6 +70,7 @@ def _engine_run(runtime, prompt_ids: list[int], max_tokens: int) -> dict:
         "accepted_by_position": list(s.accepted_by_position), "verified_by_position": list(s.verified_by_position),
         "time_s": {"draft": s.time_draft_s, "verify": s.time_verify_s, "accept": s.time_accept_s,
                    "other": s.time_other_s},
+        "by_kind": {kind: dict(vars(k)) for kind, k in s.by_kind.items()},
     }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from dspark_cli.bench import runner, summary
+from dspark_cli.bench import runner, summary, workloads
 from dspark_cli.bench.arms import build_arms
 from dspark_cli.bench.plan import BenchPlan
 
@@ -36,9 +36,22 @@ def apple_silicon_prediction(model: dict, curve) -> dict:
 
 
 def measure(baseline, spec_runtimes: dict, prompts: list[tuple[str, list[int]]], plan: BenchPlan,
-            progress_factory=None) -> tuple[list[dict], dict, list]:
-    """Warm up and time every arm; returns (records, summary, arms)."""
+            progress_factory=None, kinds: dict[str, str] | None = None) -> tuple[list[dict], dict, list]:
+    """Warm up and time every arm; returns (records, summary, arms).
+
+    `kinds` maps prompt ids to their workload kind; with it the summary has per-workload rows."""
     arms = build_arms(baseline, spec_runtimes, plan.caps_for, plan.mlx_lm)
+    records = time_arms(arms, prompts, plan, progress_factory)
+    curves = {mode: rt.curve for mode, rt in spec_runtimes.items() if rt.curve is not None}
+    summ = summarize(records, arms, curves, kinds)
+    summ["target_verify"] = target_verify_curve(baseline.target)
+    return records, summ, arms
+
+
+def time_arms(arms: list, prompts: list[tuple[str, object]], plan: BenchPlan, progress_factory=None) -> list[dict]:
+    """One untimed warm-up per arm, then the interleaved timed blocks; the run records.
+
+    A prompt is whatever its arms take: token ids for engine arms, chat messages for server arms."""
     bar = progress_factory(len(arms) * (1 + len(prompts) * plan.repeats)) if progress_factory else None
     tick = bar.advance if bar else (lambda note: None)
     for arm in arms:
@@ -47,10 +60,15 @@ def measure(baseline, spec_runtimes: dict, prompts: list[tuple[str, list[int]]],
     records = runner.run_blocks(arms, prompts, plan.repeats, plan.max_tokens, tick)
     if bar:
         bar.close()
-    curves = {mode: rt.curve for mode, rt in spec_runtimes.items() if rt.curve is not None}
+    return records
+
+
+def summarize(records: list[dict], arms: list, curves: dict, kinds: dict[str, str] | None) -> dict:
+    """The summary of `summary.summarize`, plus per-workload rows when the prompts' kinds are known."""
     summ = summary.summarize(records, arms, curves)
-    summ["target_verify"] = target_verify_curve(baseline.target)
-    return records, summ, arms
+    if kinds:
+        summ["workloads"] = workloads.summarize_workloads(records, kinds, [a.name for a in arms])
+    return summ
 
 
 def target_verify_curve(target, max_len: int = VERIFY_WIDTHS - 1) -> dict:

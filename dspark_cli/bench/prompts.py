@@ -1,4 +1,4 @@
-"""The benchmark's fixed, versioned prompt set (chat, code, docs), shipped in the repo.
+"""The benchmark's fixed, versioned prompt sets, shipped in the repo.
 
 `data/bench/prompts-v1.jsonl` holds records {"id", "kind", "messages"} taken from the drafters'
 held-out prompt files, so no prompt was seen in drafter training. A changed file is a new version:
@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "bench" / "prompts-v1.jsonl"
+# The copy-heavy workloads (code edits, quoting, rewrites, revisions, open chat) of issue 24, built
+# by scripts/make_bench_workloads.py from stdlib sources and Python docs.
+DEFAULT_WORKLOADS = DEFAULT_PROMPTS.with_name("workloads-v1.jsonl")
 
 
 @dataclass(frozen=True)

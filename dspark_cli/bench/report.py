@@ -120,9 +120,37 @@ def _prompt_table(report: dict) -> list[str]:
     return lines + [""]
 
 
+WORKLOAD_COLUMNS = ("workload", "arm", "prompts", "looping", "speedup all", "non-looping", "looping",
+                    "min", "CPU-time speedup all", "CPU non-looping", "tau", "match fraction", "acceptance",
+                    "same output")
+
+
+def _workload_table(report: dict) -> list[str]:
+    w = report["summary"].get("workloads")
+    if not w:
+        return []
+    lines = ["## Per workload (median over prompts of the paired e2e speedup vs baseline)", "",
+             f"A prompt is looping when more than {w['loop_threshold']:.0%} of the {w['loop_ngram']}-token n-grams of "
+             "its baseline output already occurred earlier in that output. tau: tokens per target forward (plain "
+             "steps included); match fraction: share of lookup's attempts that found a match; acceptance: accepted "
+             "/ drafted tokens. CPU-time speedup (server runs): the same ratios on the server process's CPU "
+             "seconds per request, which other work on a shared CPU does not inflate.", "",
+             "| " + " | ".join(WORKLOAD_COLUMNS) + " |", "|" + "---|" * len(WORKLOAD_COLUMNS)]
+    for r in w["rows"]:
+        speeds = [r["speedup"], r["speedup_non_looping"], r["speedup_looping"], r["speedup_min"],
+                  r["cpu_speedup"], r["cpu_speedup_non_looping"]]
+        cells = [r["kind"], r["arm"], str(r["prompts"]), str(r["looping_prompts"]),
+                 *("-" if x is None else f"x{x:.2f}" for x in speeds),
+                 _fmt(r["tau"]), _fmt(r["match_fraction"]), _fmt(r["acceptance"]),
+                 "-" if r["same_output"] is None else f"{r['same_output']:.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def write_markdown(report: dict, out: Path) -> Path:
-    """A readable summary: setup, the arm table, the model's predictions, per-prompt speeds, plots."""
-    lines = _header(report) + _arm_table(report) + _model_tables(report) + _prompt_table(report)
+    """A readable summary: setup, per-workload and per-arm tables, the model's predictions, per-prompt speeds."""
+    lines = (_header(report) + _workload_table(report) + _arm_table(report) + _model_tables(report)
+             + _prompt_table(report))
     lines += [f"![{p}]({p})" for p in report.get("plots", [])]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dspark_cli.bench.workloads import repeated_ngram_share
+
 
 def schedule(num_prompts: int, repeats: int, arm_names: list[str]) -> list[tuple[int, int, list[str]]]:
     """[(prompt index, pass, arm order)] for every block, in run order."""
@@ -44,8 +46,12 @@ def run_blocks(arms, prompts: list[tuple[str, list[int]]], repeats: int, max_tok
 
 
 def _mark_same_output(records: list[dict]) -> None:
-    # Greedy decoding is lossless: every arm should emit the baseline's ids (up to fp ties).
-    base = {r["block"]: r["ids"] for r in records if r["arm"] == "baseline"}
+    # Greedy decoding is lossless: every arm should emit the baseline's ids (up to fp ties), and the
+    # same text where the arm returns text (the server arms). The ids are dropped once compared; the
+    # looping measure of each output is kept instead (see workloads.py).
+    base = {r["block"]: (r["ids"], r.get("text")) for r in records if r["arm"] == "baseline"}
     for r in records:
-        ids = r.pop("ids")
-        r["same_as_baseline"] = ids == base.get(r["block"], ids)
+        ids, text = r.pop("ids"), r.pop("text", None)
+        base_ids, base_text = base.get(r["block"], (ids, text))
+        r["same_as_baseline"] = ids == base_ids and text == base_text
+        r["repeat_share"] = round(repeated_ngram_share(ids), 4)

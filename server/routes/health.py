@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
@@ -60,4 +62,11 @@ def _health(app_state: AppState) -> Health:
         "requested_mode": info.requested_mode if info else None,
         "mode_note": info.mode_note if info else None,
         "drafter_kind": info.drafter_kind if info else None,
+        "lookup_history": _history(info),
     })
+
+
+def _history(info) -> dict | None:
+    """The lookup history's size, when it is on (`dataclasses.asdict` of the engine's HistoryUsage)."""
+    usage = info.lookup_history if info is not None else None
+    return dataclasses.asdict(usage) if usage is not None else None

@@ -1,0 +1,3 @@
+cd "$REPO"  # a copy of HEAD b87d6db plus the uncommitted bench files
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 BLIS_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
+taskset -c 0 .venv/bin/python -m dspark_cli.main bench --workloads --server --modes lookup --per-kind 6 --max-tokens 128 --repeats 1 --out docs/bench-runs/2026-12-05-lookup
