@@ -50,26 +50,22 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "[env DSPARK_LOOKUP_HISTORY]")
 
 
-def _min_ngram(text: str) -> int:
-    """A positive integer (the shortest context match lookup drafts from)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a positive integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("expected a positive integer")
-    return value
+def _int_at_least(lower: int, what: str):
+    """An argparse type: an integer >= `lower`, else an error that says `what` was expected."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}") from None
+        if value < lower:
+            raise argparse.ArgumentTypeError(f"expected {what}")
+        return value
+    return parse
 
 
-def _tokens(text: str) -> int:
-    """A token count >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a token count >= 0") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("expected a token count >= 0")
-    return value
+# The shortest context match lookup drafts from; a token budget (0: off).
+_min_ngram = _int_at_least(1, "a positive integer")
+_tokens = _int_at_least(0, "a token count >= 0")
 
 
 def _float(text: str | None) -> float | None:

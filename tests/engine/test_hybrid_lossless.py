@@ -10,28 +10,25 @@ random past-only choice of kind must fit the exact law; a hybrid that picks the 
 the drafter's sample must not (with a drafter whose q is spread enough for that to matter).
 """
 
-import itertools
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models import llama
 
 from engine import sampling
 from engine.api import SpecStats
 from engine.lookup import HybridDrafter, LookupConfig, LookupDrafter
-from engine.models.drafter import Drafter
 from engine.models.drafter_config import normalize_drafter_config
-from engine.models.target import Target
 from engine.samplers import make_sampler
 from engine.scheduler import AutoScheduler, CostCurve, HybridScheduler, LookupScheduler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine import drafter_fixtures as fx
 from tests.engine.test_hybrid import Coin
 from tests.engine.test_lossless_lookup import de_bruijn_pairs
+from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
-V, L = 6, 3
+V, L = tiny.LOSSLESS_VOCAB, 3
 N, N_CONTROL = 2000, 1000
 BUDGET = 6  # rounds may draft beyond the first L tokens, so multi-draft rounds shape them
 PROMPT = de_bruijn_pairs(V)
@@ -39,27 +36,7 @@ T1 = sampling.SamplerSettings(temperature=1.0)
 CURVE = CostCurve(verify_s=[1.0, 1.28, 1.37, 1.54, 1.63], draft_fixed_s=0.2, draft_per_token_s=0.02)
 
 
-def _target() -> Target:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                           vocab_size=V, rope_theta=10000.0, tie_word_embeddings=False)
-    mx.random.seed(7)
-    model = llama.Model(args)
-    model.lm_head.weight = model.lm_head.weight * 3.0  # varied, non-uniform distributions
-    mx.eval(model.parameters())
-    return Target(model, tuple(fx.TAPS))
-
-
-def _drafter() -> Drafter:
-    cfg = normalize_drafter_config(fx.deepspec_config(vocab_size=V, mask_token_id=V - 1))
-    mx.random.seed(11)
-    drafter = Drafter(cfg)
-    drafter.markov_head.markov_w2.weight = drafter.markov_head.markov_w2.weight * 8.0  # a strong Markov bias
-    mx.eval(drafter.parameters())
-    return drafter
-
-
-TARGET, DRAFTER = _target(), _drafter()
+TARGET, DRAFTER = tiny.lossless_target(), tiny.lossless_drafter()
 HYBRID = HybridDrafter(DRAFTER, LookupDrafter(LookupConfig(min_ngram=2, max_ngram=3, max_drafts=4)))
 
 
@@ -75,12 +52,7 @@ SCHEDULERS = {"hybrid": lambda seed: real_scheduler(), "coin": lambda seed: Coin
 
 def exact_joint() -> np.ndarray:
     """P(first L generated tokens) [V**L] by the chain rule over full uncached forwards."""
-    probs = np.zeros(V**L)
-    for i, seq in enumerate(itertools.product(range(V), repeat=L)):
-        ids = mx.array([PROMPT + list(seq[:-1])])
-        logp = sampling.process_logits(TARGET.model(ids)[0, len(PROMPT) - 1 :], T1)  # [L, V]
-        probs[i] = float(mx.exp(sum(logp[k, seq[k]] for k in range(L))).item())
-    return probs / probs.sum()
+    return joint.exact_joint(TARGET, PROMPT, T1, V, L)
 
 
 def sample_joint(make_scheduler, n=N, decoder_cls=SpecDecoder, stats=None, drafter=HYBRID) -> np.ndarray:
@@ -90,14 +62,7 @@ def sample_joint(make_scheduler, n=N, decoder_cls=SpecDecoder, stats=None, draft
     opts = lambda seed: DecodeOptions(make_sampler(T1, "rejection", seed), frozenset())  # noqa: E731
     template = decoder_cls(TARGET, drafter, make_scheduler(0), opts(0), stats)
     template.read_prompt(PROMPT)
-    cells = []
-    for seed in range(n):
-        dec = template.fork(opts(seed), make_scheduler(seed), stats)
-        out = dec.first_token()
-        while len(out) < L:
-            out += dec.step(BUDGET)
-        cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
-    return np.array(cells)
+    return joint.sample_cells(template, lambda seed: (opts(seed), make_scheduler(seed), stats), n, BUDGET, V, L)
 
 
 @pytest.fixture(scope="module")

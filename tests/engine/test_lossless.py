@@ -6,54 +6,31 @@ tokens comes from the chain rule over uncached target forwards; N independent sp
 generations must fit it (chi-square and TV), and each broken variant must not.
 """
 
-import itertools
 import math
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models import llama
 
 from engine import sampling
 from engine.api import SpecStats
-from engine.models.drafter import Drafter
 from engine.models.drafter_config import normalize_drafter_config
-from engine.models.target import Target
 from engine.scheduler import AutoScheduler, CostCurve, Scheduler, ThresholdScheduler
 from engine.samplers import RejectionSampler, make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine import drafter_fixtures as fx
+from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
 # Sized to what the exact one-step tests (test_sampling.py) leave open, the wiring of rounds: every
 # control below is detected at p < 1e-9 with 1000 draws (docs/method.md 7.3), so the positive fits
 # take twice that.
-V, L, PROMPT, N = 6, 3, [1, 2, 3], 2000
+V, L, PROMPT, N = tiny.LOSSLESS_VOCAB, 3, [1, 2, 3], 2000
 N_CONTROL = 1000
 MASK = V - 1
 # Each step may commit past the first L tokens, so rounds of several drafts (the Markov chain
 # between drafts, partial acceptance, the bonus after a full accept) shape the L tokens tested.
 BUDGET = 6
-
-
-def _target() -> Target:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                           vocab_size=V, rope_theta=10000.0, tie_word_embeddings=False)
-    mx.random.seed(7)
-    model = llama.Model(args)
-    model.lm_head.weight = model.lm_head.weight * 3.0  # varied, non-uniform distributions
-    mx.eval(model.parameters())
-    return Target(model, tuple(fx.TAPS))
-
-
-def _drafter() -> Drafter:
-    cfg = normalize_drafter_config(fx.deepspec_config(vocab_size=V, mask_token_id=MASK))
-    mx.random.seed(11)
-    drafter = Drafter(cfg)
-    drafter.markov_head.markov_w2.weight = drafter.markov_head.markov_w2.weight * 8.0  # a strong Markov bias
-    mx.eval(drafter.parameters())
-    return drafter
 
 
 class PeakedDrafter:
@@ -90,17 +67,12 @@ class PeakedDrafter:
         return mx.log(q)[None]
 
 
-TARGET, DRAFTER = _target(), _drafter()
+TARGET, DRAFTER = tiny.lossless_target(), tiny.lossless_drafter()
 
 
 def exact_joint(settings: sampling.SamplerSettings) -> np.ndarray:
     """P(first L generated tokens) [V**L] by the chain rule over full uncached forwards."""
-    probs = np.zeros(V**L)
-    for i, seq in enumerate(itertools.product(range(V), repeat=L)):
-        ids = mx.array([PROMPT + list(seq[:-1])])
-        logp = sampling.process_logits(TARGET.model(ids)[0, len(PROMPT) - 1 :], settings)  # [L, V]
-        probs[i] = float(mx.exp(sum(logp[k, seq[k]] for k in range(L))).item())
-    return probs / probs.sum()
+    return joint.exact_joint(TARGET, PROMPT, settings, V, L)
 
 
 def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None, sampler_cls=None) -> np.ndarray:
@@ -115,15 +87,9 @@ def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter
     template = decoder_cls(TARGET, drafter, make_scheduler(), DecodeOptions(make(settings, 0), frozenset()),
                            SpecStats(mode="dspark", cap=4))
     template.read_prompt(PROMPT)
-    cells = []
-    for seed in range(n):
-        opts = DecodeOptions(make(settings, seed), stop_ids=frozenset())
-        dec = template.fork(opts, make_scheduler(), SpecStats(mode="dspark", cap=4))
-        out = dec.first_token()
-        while len(out) < L:
-            out += dec.step(BUDGET)
-        cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
-    return np.array(cells)
+    fork = lambda seed: (DecodeOptions(make(settings, seed), frozenset()), make_scheduler(),  # noqa: E731
+                         SpecStats(mode="dspark", cap=4))
+    return joint.sample_cells(template, fork, n, BUDGET, V, L)
 
 
 T1 = sampling.SamplerSettings(temperature=1.0)

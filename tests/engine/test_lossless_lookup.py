@@ -9,23 +9,21 @@ of each of the 6^3 possible first 3 generated tokens comes from the chain rule o
 forwards; independent generations must fit it, and each broken accept rule must not.
 """
 
-import itertools
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models import llama
 
 from engine import sampling
 from engine.api import SpecStats
 from engine.lookup import LookupConfig, LookupDrafter
-from engine.models.target import Target
 from engine.samplers import RejectionSampler, make_sampler
 from engine.scheduler import CostCurve, LookupScheduler, Scheduler
 from engine.spec import DecodeOptions, SpecDecoder
+from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
-V, L = 6, 3
+V, L = tiny.LOSSLESS_VOCAB, 3
 N, N_CONTROL = 2000, 1000  # broken rules fail by a wide margin: fewer draws keep the file fast
 BUDGET = 6  # each step may draft beyond the first L tokens, so multi-draft rounds shape them
 
@@ -46,28 +44,12 @@ T1 = sampling.SamplerSettings(temperature=1.0)
 CURVE = CostCurve(verify_s=[1.0, 1.28, 1.37, 1.54, 1.63], draft_fixed_s=0.0, draft_per_token_s=0.0)
 
 
-def _target() -> Target:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                           vocab_size=V, rope_theta=10000.0, tie_word_embeddings=False)
-    mx.random.seed(7)
-    model = llama.Model(args)
-    model.lm_head.weight = model.lm_head.weight * 3.0  # varied, non-uniform distributions
-    mx.eval(model.parameters())
-    return Target(model)
-
-
-TARGET = _target()
+TARGET = tiny.lossless_target(taps=False)
 
 
 def exact_joint(settings: sampling.SamplerSettings) -> np.ndarray:
     """P(first L generated tokens) [V**L] by the chain rule over full uncached forwards."""
-    probs = np.zeros(V**L)
-    for i, seq in enumerate(itertools.product(range(V), repeat=L)):
-        ids = mx.array([PROMPT + list(seq[:-1])])
-        logp = sampling.process_logits(TARGET.model(ids)[0, len(PROMPT) - 1 :], settings)  # [L, V]
-        probs[i] = float(mx.exp(sum(logp[k, seq[k]] for k in range(L))).item())
-    return probs / probs.sum()
+    return joint.exact_joint(TARGET, PROMPT, settings, V, L)
 
 
 def sample_joint(make_scheduler, n=N, min_ngram=2, sampler_cls=None, stats=None) -> np.ndarray:
@@ -78,14 +60,8 @@ def sample_joint(make_scheduler, n=N, min_ngram=2, sampler_cls=None, stats=None)
     stats = stats if stats is not None else SpecStats(mode="lookup", cap=4)
     template = SpecDecoder(TARGET, drafter, make_scheduler(), DecodeOptions(make(T1, 0), frozenset()), stats)
     template.read_prompt(PROMPT)
-    cells = []
-    for seed in range(n):
-        dec = template.fork(DecodeOptions(make(T1, seed), frozenset()), make_scheduler(), stats)
-        out = dec.first_token()
-        while len(out) < L:
-            out += dec.step(BUDGET)
-        cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
-    return np.array(cells)
+    fork = lambda seed: (DecodeOptions(make(T1, seed), frozenset()), make_scheduler(), stats)  # noqa: E731
+    return joint.sample_cells(template, fork, n, BUDGET, V, L)
 
 
 @pytest.fixture(scope="module")

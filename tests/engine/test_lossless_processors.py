@@ -20,6 +20,7 @@ from engine.sampling import SamplerSettings
 from engine.samplers import make_sampler
 from engine.spec import DecodeOptions, SpecDecoder
 from tests.engine.test_lossless import BUDGET, DRAFTER, L, N, N_CONTROL, PROMPT, SCHEDULERS, TARGET, V
+from tests.engine import joint
 from tests.engine.test_processors import reference
 from tests.stats import assert_detected, assert_fits
 
@@ -53,14 +54,8 @@ def sample_joint(procs: ProcessorSettings, sampler: str, n: int) -> np.ndarray:
 
     template = SpecDecoder(TARGET, DRAFTER, SCHEDULERS["cap4"](), opts(0), SpecStats(mode="dspark", cap=4))
     template.read_prompt(PROMPT)
-    cells = []
-    for seed in range(n):
-        dec = template.fork(opts(seed), SCHEDULERS["cap4"](), SpecStats(mode="dspark", cap=4))
-        out = dec.first_token()
-        while len(out) < L:
-            out += dec.step(BUDGET)
-        cells.append(int(np.ravel_multi_index(out[:L], (V,) * L)))
-    return np.array(cells)
+    fork = lambda seed: (opts(seed), SCHEDULERS["cap4"](), SpecStats(mode="dspark", cap=4))  # noqa: E731
+    return joint.sample_cells(template, fork, n, BUDGET, V, L)
 
 
 @pytest.fixture(scope="module")

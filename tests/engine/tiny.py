@@ -105,3 +105,27 @@ class OracleDrafter:
 
     def base_logits(self, h):
         return 100.0 * (mx.arange(self.vocab) == h[..., None]).astype(mx.float32)  # [.., V]
+
+
+# ---------------------------------------------------------------- the exact-distribution tests' models
+
+# Small enough to enumerate every sequence of a few tokens (tests/engine/joint.py).
+LOSSLESS_VOCAB = 6
+
+
+def lossless_target(taps: bool = True) -> Target:
+    """The exact-distribution tests' target: `tiny_target_model` over 6 tokens, seed 7, its logits
+    scaled x3 for varied, non-uniform distributions; tapped unless `taps` is False (lookup)."""
+    model = tiny_target_model(seed=7, vocab=LOSSLESS_VOCAB, scale=3.0)
+    return Target(model, tuple(fx.TAPS)) if taps else Target(model)
+
+
+def lossless_drafter() -> Drafter:
+    """The exact-distribution tests' random DSpark drafter over 6 tokens, with a strong Markov bias
+    (its second Markov matrix scaled x8), so that the draft chain matters."""
+    cfg = normalize_drafter_config(fx.deepspec_config(vocab_size=LOSSLESS_VOCAB, mask_token_id=LOSSLESS_VOCAB - 1))
+    mx.random.seed(11)
+    drafter = Drafter(cfg)
+    drafter.markov_head.markov_w2.weight = drafter.markov_head.markov_w2.weight * 8.0
+    mx.eval(drafter.parameters())
+    return drafter
