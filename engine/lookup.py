@@ -57,6 +57,9 @@ class NgramIndex:
                  history: LookupHistory | None = None):
         self.tokens: list[int] = []
         self._next: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(max_ngram, min_ngram - 1, -1)}
+        self._min = min_ngram
+        # The first min_ngram - 1 tokens of every indexed min_ngram-gram: what `may_match_next` asks.
+        self._heads: set[tuple[int, ...]] = set()
         self.history = history  # other requests' outputs, searched when this context has no match
         self.last_source: str | None = None  # where the last proposal came from: "context", "history", None
 
@@ -72,6 +75,22 @@ class NgramIndex:
             for n, table in self._next.items():
                 if end >= n:
                     table[tuple(seq[end - n : end])] = end
+            if end >= self._min:
+                self._heads.add(tuple(seq[end - self._min : end - 1]))
+
+    def may_match_next(self) -> bool:
+        """False only when the next round cannot find a match in this context, whatever token is
+        committed next; lets a plain step queue the next one (docs/lookup.md, pipelining).
+
+        Any match of length n >= min_ngram ends with a min_ngram-gram match, whose first tokens are
+        the context's last min_ngram - 1. Committing the next token y also indexes the context's
+        final min_ngram-gram, whose head is the same only when its tokens are all equal. A history
+        of other requests is not checked: with one, a match is always possible."""
+        seq, m = self.tokens, self._min
+        if self.history is not None or m == 1:
+            return True
+        tail = tuple(seq[len(seq) - m + 1 :])
+        return tail in self._heads or (len(seq) >= m and tuple(seq[-m:-1]) == tail)
 
     def propose(self, limit: int) -> list[int]:
         """Up to `limit` tokens copied after the latest earlier occurrence of the last n tokens,
@@ -99,6 +118,7 @@ class NgramIndex:
         other = NgramIndex.__new__(NgramIndex)
         other.tokens = list(self.tokens)
         other._next = {n: dict(table) for n, table in self._next.items()}
+        other._min, other._heads = self._min, set(self._heads)
         other.history, other.last_source = self.history, None  # the server-wide history is shared, not copied
         return other
 

@@ -152,9 +152,23 @@ class SpecDecoder:
             return self._plain_step(queue_next=budget > 1)
         if self._hybrid:
             return self._hybrid_step(budget)
-        if not self.scheduler.wants_draft() or self._ahead is not None:
-            return self._plain_step(queue_next=budget > 1 and self.scheduler.next_is_plain())
+        if not self.scheduler.wants_draft():
+            return self._plain_step(queue_next=self._queue_next(budget))
+        if self._ahead is not None:
+            # Queued because lookup could not match whatever the last token was: an empty round.
+            if self._round_kind == "lookup":
+                self._kind_stats().empty_rounds += 1
+            return self._plain_step(queue_next=self._queue_next(budget))
         return self._round(budget)
+
+    def _queue_next(self, budget: int) -> bool:
+        """Whether a plain step (not in a hybrid) queues the next step's forward: when the next round
+        is plain for sure, because the scheduler will skip it or lookup cannot find a match then."""
+        if budget <= 1:
+            return False
+        if self.scheduler.next_is_plain():
+            return True
+        return self._round_kind == "lookup" and not self._index.may_match_next()
 
     def _hybrid_step(self, budget: int) -> list[int]:
         """A hybrid round: lookup drafts, the trained drafter, or a plain step, as `HybridScheduler`
@@ -181,7 +195,7 @@ class SpecDecoder:
         draft_ids, draft_logprobs = self.draft(limit=budget - 1)
         t1 = time.perf_counter()
         if not draft_ids and self._round_kind == "lookup":
-            return self._no_match_step(t1 - t0)
+            return self._no_match_step(t1 - t0, budget)
         logits, taps = self._verify(draft_ids)
         t2 = time.perf_counter()
         num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
@@ -192,14 +206,14 @@ class SpecDecoder:
         self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
 
-    def _no_match_step(self, t_lookup: float) -> list[int]:
+    def _no_match_step(self, t_lookup: float, budget: int) -> list[int]:
         """Lookup found no match: a plain decode step, not a verify of an empty draft.
 
-        Not pipelined: whether the next round finds a match depends on the token this step reads.
-        """
+        Whether the next round finds a match usually depends on the token this step reads, so the
+        next forward is queued only when the index proves that no token could give one."""
         self.stats.time_draft_s += t_lookup
         self._kind_stats().empty_rounds += 1
-        return self._plain_step(queue_next=False)
+        return self._plain_step(queue_next=not self._hybrid and self._queue_next(budget))
 
     def _plain_step(self, queue_next: bool) -> list[int]:
         """A plain decode step: baseline mode, or a round `auto` decodes without the drafter.

@@ -121,7 +121,7 @@ def _prompt_table(report: dict) -> list[str]:
 
 
 WORKLOAD_COLUMNS = ("workload", "arm", "prompts", "looping", "speedup all", "non-looping", "looping",
-                    "min", "CPU-time speedup all", "CPU non-looping", "tau", "match fraction", "acceptance",
+                    "min", "decode speedup all", "decode non-looping", "CPU-time speedup all", "CPU non-looping", "tau", "match fraction", "acceptance",
                     "same output")
 
 
@@ -133,12 +133,13 @@ def _workload_table(report: dict) -> list[str]:
              f"A prompt is looping when more than {w['loop_threshold']:.0%} of the {w['loop_ngram']}-token n-grams of "
              "its baseline output already occurred earlier in that output. tau: tokens per target forward (plain "
              "steps included); match fraction: share of lookup's attempts that found a match; acceptance: accepted "
-             "/ drafted tokens. CPU-time speedup (server runs): the same ratios on the server process's CPU "
+             "/ drafted tokens. Decode speedup: the same ratios on tokens per second after the first token "
+             "(prefill excluded: it is the same target forward in both arms). CPU-time speedup (server runs): the same ratios on the server process's CPU "
              "seconds per request, which other work on a shared CPU does not inflate.", "",
              "| " + " | ".join(WORKLOAD_COLUMNS) + " |", "|" + "---|" * len(WORKLOAD_COLUMNS)]
     for r in w["rows"]:
         speeds = [r["speedup"], r["speedup_non_looping"], r["speedup_looping"], r["speedup_min"],
-                  r["cpu_speedup"], r["cpu_speedup_non_looping"]]
+                  r["decode_speedup"], r["decode_speedup_non_looping"], r["cpu_speedup"], r["cpu_speedup_non_looping"]]
         cells = [r["kind"], r["arm"], str(r["prompts"]), str(r["looping_prompts"]),
                  *("-" if x is None else f"x{x:.2f}" for x in speeds),
                  _fmt(r["tau"]), _fmt(r["match_fraction"]), _fmt(r["acceptance"]),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 
 from dspark_cli.bench.arms import BASELINE
-from dspark_cli.bench.summary import e2e_tok_s, paired_ratios
+from dspark_cli.bench.summary import decode_tok_s, e2e_tok_s, paired_ratios
 
 LOOP_NGRAM = 8
 # An output that repeats a phrase of n tokens k times scores about 1 - 1/k once the phrase is longer
@@ -90,6 +90,7 @@ def _counts(runs: list[dict]) -> dict:
 def workload_rows(records: list[dict], kinds: dict[str, str], arm: str) -> list[dict]:
     """One row per workload kind (in first-seen order) for `arm`, plus an "all" row."""
     speed = prompt_speedups(records, arm)
+    decode = prompt_speedups(records, arm, decode_tok_s)
     cpu = prompt_speedups(records, arm, cpu_tok_s)
     shares = loop_shares(records)
     order = list(dict.fromkeys(kinds[p] for p in dict.fromkeys(r["prompt"] for r in records)))
@@ -104,6 +105,9 @@ def workload_rows(records: list[dict], kinds: dict[str, str], arm: str) -> list[
             "speedup_non_looping": _median([speed[p] for p in prompts if p not in looping]),
             "speedup_looping": _median([speed[p] for p in looping]),
             "speedup_min": round(min((speed[p] for p in prompts), default=0.0), 4) if prompts else None,
+            # The same ratios after the first token: what speculation changes (prefill is the same forward).
+            "decode_speedup": _median([decode[p] for p in prompts if p in decode]),
+            "decode_speedup_non_looping": _median([decode[p] for p in prompts if p in decode and p not in looping]),
             # The same ratios on server CPU time (server runs only): robust to other work on the CPU.
             "cpu_speedup": _median([cpu[p] for p in prompts if p in cpu]),
             "cpu_speedup_non_looping": _median([cpu[p] for p in prompts if p in cpu and p not in looping]),

@@ -64,9 +64,9 @@ def test_looping_measure_classifies_a_loop_and_a_copy():
 
 
 def _run(block, prompt, arm, wall, *, share=0.0, rounds=10, matched=6, empty=4, drafted=20, accepted=15,
-         same=True, cpu=None):
+         same=True, cpu=None, decode=None):
     return {"block": block, "prompt": prompt, "pass": 0, "arm": arm, "mode": arm.split("@")[0], "cap": None,
-            "tokens": 100, "wall_s": wall, "decode_s": wall, "decode_tokens": 99, "rounds": rounds,
+            "tokens": 100, "wall_s": wall, "decode_s": wall if decode is None else decode, "decode_tokens": 99, "rounds": rounds,
             "drafted": drafted, "accepted": accepted, "same_as_baseline": same, "repeat_share": share,
             "cpu_s": cpu, "by_kind": {"lookup": {"rounds": matched, "empty_rounds": empty,
                                                  "drafted_tokens": drafted, "accepted_tokens": accepted}}}
@@ -74,8 +74,10 @@ def _run(block, prompt, arm, wall, *, share=0.0, rounds=10, matched=6, empty=4, 
 
 def _records():
     # Prompts a1, a2 (kind "edit"; a2's output loops) and b1 (kind "chat"), one block each.
-    return [_run(0, "a1", "baseline", 4.0, cpu=4.0), _run(0, "a1", "lookup@auto", 2.0, cpu=1.0),
-            _run(1, "a2", "baseline", 4.0, share=0.9, cpu=4.0), _run(1, "a2", "lookup@auto", 1.0, cpu=1.0),
+    # Decode (after the first token) takes 3 of the baseline's 4 s: decode speedups x3 and x6.
+    return [_run(0, "a1", "baseline", 4.0, cpu=4.0, decode=3.0), _run(0, "a1", "lookup@auto", 2.0, cpu=1.0, decode=1.0),
+            _run(1, "a2", "baseline", 4.0, share=0.9, cpu=4.0, decode=3.0),
+            _run(1, "a2", "lookup@auto", 1.0, cpu=1.0, decode=0.5),
             _run(2, "b1", "baseline", 3.0), _run(2, "b1", "lookup@auto", 3.0, matched=1, empty=9, same=False)]
 
 
@@ -90,6 +92,7 @@ def test_workload_rows_split_looping_and_count_lookup():
     assert (edit["prompts"], edit["looping_prompts"]) == (2, 1)
     assert edit["speedup"] == statistics.median([2.0, 4.0])
     assert (edit["speedup_non_looping"], edit["speedup_looping"], edit["speedup_min"]) == (2.0, 4.0, 2.0)
+    assert edit["decode_speedup"] == 4.5 and edit["decode_speedup_non_looping"] == 3.0
     assert edit["cpu_speedup"] == 4.0 and edit["cpu_speedup_non_looping"] == 4.0
     assert edit["tau"] == pytest.approx(99 / 10) and edit["acceptance"] == 0.75
     assert edit["match_fraction"] == 0.6 and edit["same_output"] == 1.0
@@ -113,7 +116,7 @@ def test_workload_table_columns(tmp_path):
     assert header in md and "speedup all" in header and "non-looping" in header and "match fraction" in header
     table = md.split(header)[1].split("\n\n")[0].strip().splitlines()[1:]
     assert [line.split(" | ")[0] for line in table] == ["| edit", "| chat", "| all"]
-    assert "| edit | lookup@auto | 2 | 1 | x3.00 | x2.00 | x4.00 | x2.00 | x4.00 | x4.00 | 9.90 | 0.60 | 0.75 | 100% |" in md
+    assert "| edit | lookup@auto | 2 | 1 | x3.00 | x2.00 | x4.00 | x2.00 | x4.50 | x3.00 | x4.00 | x4.00 | 9.90 | 0.60 | 0.75 | 100% |" in md
 
 
 def test_runner_compares_text_and_records_loop_share():

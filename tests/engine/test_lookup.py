@@ -100,6 +100,25 @@ def test_limit_is_respected_and_the_copy_runs_on_past_the_end():
     assert run.propose(5) == [4] * 5
 
 
+@pytest.mark.parametrize("vocab,min_n", [(3, 2), (6, 2), (4, 3), (2, 3)])
+def test_may_match_next_is_false_only_when_no_next_token_can_match(vocab, min_n):
+    """Whenever the index says no match is possible next, no next token gives one; and it says so
+    at least sometimes (a check that is always True would pass the first half)."""
+    rng = random.Random(vocab * 7 + min_n)
+    said_no = 0
+    for _ in range(30):
+        index = NgramIndex(min_n, 3)
+        while len(index) < 40:
+            if not index.may_match_next():
+                said_no += 1
+                for y in range(vocab):
+                    probe = index.copy()
+                    probe.extend([y])
+                    assert probe.propose(8) == [], (index.tokens, y)
+            index.extend([rng.randrange(vocab)])
+    assert said_no > 0
+
+
 def test_copy_is_independent():
     """A copied index (fork) moves on its own."""
     index = NgramIndex(2, 3)
@@ -219,9 +238,28 @@ def test_no_match_round_is_a_plain_step_and_no_taps_are_built(target):
     verify_calls = []
     dec._verify = lambda ids: verify_calls.append(ids)  # must not be reached without a match
     new = dec.step(8)
-    assert len(new) == 1 and verify_calls == [] and counting.widths[widths_before:] == [1]
+    # 60 never occurred before, so no next token can match: the next step's forward is queued too.
+    assert len(new) == 1 and verify_calls == [] and counting.widths[widths_before:] == [1, 1]
     assert dec.stats.by_kind["lookup"].empty_rounds == 1 and dec.stats.drafted_tokens == 0
     assert all(t is None for t in counting.taps) and dec.ctx_pending is None
+    dec.check_invariants()
+    dec.step(8)  # the queued step: counted as a round without a match
+    assert dec.stats.by_kind["lookup"].empty_rounds == 2 and dec.stats.rounds == 2
+    dec.check_invariants()
+
+
+def test_no_match_step_waits_when_the_next_token_could_match(target):
+    """A plain step does not queue the next forward when some next token would give a match: after
+    a prompt holding every id once, the last id is never followed (no match now), but whatever comes
+    next follows an id that was (a match is possible)."""
+    counting = CountingTarget(target)
+    dec = decoder(counting, LookupDrafter())
+    dec.prefill(list(range(target.vocab_size)))
+    widths_before = len(counting.widths)
+    assert dec._index.propose(8) == [] and dec._index.may_match_next()
+    dec.step(8)
+    assert counting.widths[widths_before:] == [1] and dec._ahead is None
+    assert dec.stats.by_kind["lookup"].empty_rounds == 1
     dec.check_invariants()
 
 
