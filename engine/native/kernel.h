@@ -1,0 +1,15 @@
+// The skinny GEMM kernel's entry points, one per instruction set (see kernel.inc).
+#pragma once
+
+#include <cstdint>
+
+namespace dspark_native {
+namespace avx2 {
+void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
+          int64_t n0, int64_t n1);
+}
+namespace avx512 {
+void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
+          int64_t n0, int64_t n1);
+}
+}  // namespace dspark_native

@@ -1,0 +1,3 @@
+// AVX2 + FMA build of the kernel (compiled with -mavx2 -mfma).
+#define KERNEL_NS avx2
+#include "kernel.inc"

@@ -1,0 +1,126 @@
+// The native verify path (docs/native.md): `skinny_linear(x, w)` = x @ w.T for a few rows of x.
+//
+// Why: a decode step and a verify of a few tokens are bound by reading the weights once. MLX's CPU
+// matmul (BLAS sgemm) does not keep that bound for 2-16 rows: the same bytes cost about twice as
+// long at 8 rows as at 1. This kernel streams each weight row once from memory and, while it is
+// in L1, multiplies it with every row of x.
+//
+// The kernel itself is kernel.inc, built for AVX2 and for AVX-512 and chosen at run time.
+//
+// Layout: x [R, K] row-contiguous (R = the product of x's leading dimensions), w [N, K] with unit
+// column stride (an mlx.nn.Linear weight), out [R, N] row-major.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <nanobind/nanobind.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+#include "kernel.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// DSPARK_NATIVE_ISA=avx2 forces the AVX2 build on an AVX-512 CPU (for comparing the two).
+bool has_avx512() {
+  __builtin_cpu_init();
+  const char* isa = std::getenv("DSPARK_NATIVE_ISA");
+  return __builtin_cpu_supports("avx512f") && !(isa && std::string(isa) == "avx2");
+}
+
+// Outputs split over `threads` in contiguous ranges (multiples of 16, so no two threads write the
+// same cache line of a row); each range runs the widest kernel this CPU has.
+void skinny_gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
+                 int threads) {
+  static const bool wide = has_avx512();
+  threads = std::max(1, std::min<int>(threads, static_cast<int>((N + 63) / 64)));
+  int64_t chunk = ((N + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int t = 0; t < threads; ++t) {
+    int64_t n0 = std::min<int64_t>(N, t * chunk), n1 = std::min<int64_t>(N, n0 + chunk);
+    if (wide)
+      dspark_native::avx512::gemm(x, R, K, w, ldw, out, N, n0, n1);
+    else
+      dspark_native::avx2::gemm(x, R, K, w, ldw, out, N, n0, n1);
+  }
+}
+
+class SkinnyLinear : public mx::UnaryPrimitive {
+ public:
+  SkinnyLinear(mx::Stream stream, int threads) : mx::UnaryPrimitive(stream), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    if (!x.flags().row_contiguous || w.strides(1) != 1)
+      throw std::runtime_error("skinny_linear: x must be row-contiguous and w have unit column stride");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_output_array(out);
+    int64_t K = w.shape(1), N = w.shape(0), R = x.size() / K, ldw = w.strides(0);
+    encoder.dispatch([xp = x.data<float>(), wp = w.data<float>(), op = out.data<float>(), R, K, N, ldw,
+                      threads = threads_]() { skinny_gemm(xp, R, K, wp, ldw, op, N, threads); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("skinny_linear runs on the CPU only");
+  }
+
+  const char* name() const override { return "SkinnyLinear"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return threads_ == static_cast<const SkinnyLinear&>(other).threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int threads_;
+};
+
+mx::array skinny_linear(const mx::array& x, const mx::array& w, int threads) {
+  if (x.dtype() != mx::float32 || w.dtype() != mx::float32)
+    throw std::invalid_argument("skinny_linear: float32 only");
+  if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1))
+    throw std::invalid_argument("skinny_linear: x [..., K] and w [N, K] expected");
+  mx::Stream s = mx::to_stream(mx::Device::cpu);
+  mx::Shape shape = x.shape();
+  shape.back() = w.shape(0);
+  return mx::array(shape, mx::float32, std::make_shared<SkinnyLinear>(s, threads),
+                   {mx::contiguous(x, false, s), w});
+}
+
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "dspark-serve's native CPU kernels (docs/native.md)";
+  m.def("skinny_linear", &skinny_linear, "x"_a, "w"_a, "threads"_a = 1,
+        "x @ w.T for float32 x [..., K] and w [N, K], streaming w once for all rows of x (CPU only).");
+  m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2 and FMA the kernel needs.");
+  m.def("instruction_set", []() { return has_avx512() ? "avx512" : "avx2"; }, "The kernel build in use.");
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Build engine/native's MLX extension (docs/native.md) against this virtualenv's MLX wheel and copy
+# it into engine/native/. Needs CMake, a C++20 compiler, OpenMP and nanobind at the ABI of the MLX
+# wheel (the test extra pins it). Not part of bootstrap yet: the engine does not use it yet.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=$(cd "${DSPARK_VENV:-.venv}" && pwd)
+BUILD=${DSPARK_NATIVE_BUILD:-build/native}
+cmake -S engine/native -B "$BUILD" -DPython_EXECUTABLE="$VENV/bin/python" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j "${DSPARK_NATIVE_JOBS:-2}" >/dev/null
+cp "$BUILD"/_native*.so engine/native/
+echo "built $(ls engine/native/_native*.so)"

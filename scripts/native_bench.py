@@ -1,0 +1,110 @@
+"""Time engine/native's skinny_linear against MLX's matmul (docs/native.md has the numbers).
+
+Two measurements, each the median (forward) or minimum (matrix) of repeated runs, printed with the
+BLAS and kernel build in use:
+  1. the tied lm_head shape [49152, 576] at 1-16 rows, cycling six such matrices (678 MB) so the
+     weights come from memory, not from a large last-level cache;
+  2. the default model's whole forward of 1/2/4/8 new tokens after 128 cached ones, with MLX's
+     linears, then with every linear (and the tied lm_head) routed through the kernel.
+
+Run pinned to one core with one BLAS thread, as the bench runs: see docs/native.md for the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import engine  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine import backend
+from engine.loading.target import load_target
+from engine.native import REASON, load
+
+
+def matrix_table(ext, threads: int) -> None:
+    ws = [mx.random.normal((49152, 576)) for _ in range(6)]
+    mx.eval(ws)
+
+    def best(f, reps=8):
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            mx.eval([f(w) for w in ws])
+            times.append(time.perf_counter() - t0)
+        return 1000 * min(times) / len(ws)
+
+    print("lm_head [49152, 576], ms per matrix: rows | mlx | native")
+    for rows in (1, 2, 4, 8, 16):
+        x = mx.random.normal((1, rows, 576))
+        mx.eval(x)
+        print(f"{rows} | {best(lambda w, x=x: x @ w.T):.2f} | {best(lambda w, x=x: ext.skinny_linear(x, w, threads)):.2f}")
+
+
+class _NativeLinear(nn.Module):
+    def __init__(self, weight: mx.array, ext, threads: int):
+        super().__init__()
+        self.weight, self._ext, self._threads = weight, ext, threads
+
+    def __call__(self, x):
+        return self._ext.skinny_linear(x, self.weight, self._threads)
+
+
+def _route(module: nn.Module, ext, threads: int) -> None:
+    """Replace every bias-free nn.Linear below `module` with the kernel."""
+    for name, child in module.children().items():
+        items = child if isinstance(child, list) else [child]
+        for i, c in enumerate(items):
+            if isinstance(c, nn.Linear) and "bias" not in c:
+                native = _NativeLinear(c.weight, ext, threads)
+                if isinstance(child, list):
+                    child[i] = native
+                else:
+                    setattr(module, name, native)
+            elif isinstance(c, nn.Module):
+                _route(c, ext, threads)
+
+
+def forward_table(ext, threads: int) -> None:
+    model = load_target(None)[0]
+
+    def median(rows, reps=12):
+        times = []
+        for _ in range(reps):
+            cache = make_prompt_cache(model)
+            mx.eval(model(mx.array([list(range(10, 138))]), cache=cache))
+            t0 = time.perf_counter()
+            mx.eval(model(mx.array([list(range(200, 200 + rows))]), cache=cache))
+            times.append(time.perf_counter() - t0)
+        return 1000 * sorted(times)[len(times) // 2]
+
+    widths = (1, 2, 4, 8)
+    base = {r: median(r) for r in widths}
+    _route(model, ext, threads)
+    emb = model.model.embed_tokens
+    if model.args.tie_word_embeddings:
+        emb.as_linear = lambda x: ext.skinny_linear(x, emb.weight, threads)
+    nat = {r: median(r) for r in widths}
+    print("whole forward after 128 tokens, ms (ratio to MLX at 1 token): tokens | mlx | native")
+    for r in widths:
+        print(f"{r} | {base[r]:.1f} ({base[r] / base[1]:.2f}) | {nat[r]:.1f} ({nat[r] / base[1]:.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="kernel threads (default 1)")
+    args = parser.parse_args()
+    ext = load()
+    if ext is None:
+        raise SystemExit(REASON)
+    print(f"BLAS: {backend.STATE.name} at {backend.current_blas_threads()} threads; kernel: {ext.instruction_set()}, "
+          f"{args.threads} threads")
+    matrix_table(ext, args.threads)
+    forward_table(ext, args.threads)
+
+
+if __name__ == "__main__":
+    main()
