@@ -21,9 +21,12 @@ _SERVER_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--keepalive", "keepalive_s", "seconds of stream silence before an SSE keep-alive comment (default: 15)"),
     ("--max-body-bytes", "max_body_bytes", "largest request body accepted, else 413 (default: 8388608)"),
     ("--drain-grace", "drain_grace_s", "seconds in-flight requests may still run after SIGTERM (default: 30)"),
+    ("--prefix-cache-mb", "prefix_cache_mb", "MiB of finished requests' caches kept, so that a prompt sharing their "
+                                             "prefix prefills only the rest; 0: off (default: memory / 8, at most 4096)"),
 )
 _METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "allowed_hosts": "HOSTS",
-             "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS"}
+             "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS",
+             "prefix_cache_mb": "MIB"}
 _SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization",
                "lookup_min_ngram", "lookup_history")
 

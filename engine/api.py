@@ -89,6 +89,11 @@ class EngineConfig:
     model: str | None = None  # mlx-lm directory or HF id; None: the embedded default
     spec: SpecConfig = SpecConfig()
     max_queue: int = 16  # requests waiting beyond the running one; more are refused (overloaded)
+    # Bytes of finished requests' caches kept for later prompts that share their prefix
+    # (engine/prefix_cache.py); 0: off. Off unless asked for, so that benchmarks and evaluations
+    # measure cold prefills; `dspark serve` turns it on (server/settings.py). None: sized for this
+    # machine's memory (engine/prefix_cache.py).
+    prefix_cache_bytes: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class EngineInfo:
     drafter_kind: DrafterKind | None = None  # what proposes the drafts; None in baseline mode
     # The cross-request lookup history's size, live (updated after each request); None when off.
     lookup_history: HistoryUsage | None = field(default=None, compare=False)
+    # The prefix cache's size and hit counts, live; None when it is off.
+    prefix_cache: PrefixCacheUsage | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -121,11 +128,26 @@ class HistoryUsage:
 
 
 @dataclass
+class PrefixCacheUsage:
+    """What the prefix cache holds and how often prompts hit it, updated in place by the engine thread
+    (read by /health and /metrics)."""
+
+    budget_bytes: int  # the most bytes it holds (least recently used states are evicted)
+    bytes: int = 0  # held now
+    entries: int = 0
+    tokens: int = 0  # positions held, over all entries
+    hit_tokens: int = 0  # prompt tokens restored from the cache instead of prefilled (all requests)
+    miss_tokens: int = 0  # prompt tokens prefilled
+    evictions: int = 0
+
+
+@dataclass
 class Usage:
     """Token counts of one request."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those restored from the prefix cache (not prefilled)
 
 
 @dataclass
@@ -152,6 +174,8 @@ class SpecStats:
     accepted_by_position: list[int] = field(default_factory=list)  # [cap] accepted at slot i
     verified_by_position: list[int] = field(default_factory=list)  # [cap] verified at slot i
     time_prefill_s: float = 0.0
+    prompt_cached_tokens: int = 0  # prompt tokens restored from the prefix cache, not prefilled
+    prefill_saved_s: float = 0.0  # estimated prefill time those tokens would have taken
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_accept_s: float = 0.0  # accept rule, commit and cache roll-back
@@ -192,6 +216,8 @@ class SpecStats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
             "time_prefill_s": round(self.time_prefill_s, 4),
+            "prompt_cached_tokens": self.prompt_cached_tokens,
+            "prefill_saved_s": round(self.prefill_saved_s, 4),
             "time_draft_s": round(self.time_draft_s, 4),
             "time_verify_s": round(self.time_verify_s, 4),
             "time_accept_s": round(self.time_accept_s, 4),

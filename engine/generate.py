@@ -9,9 +9,9 @@ generate`, the benchmark and the held-out evaluation all consume this one loop.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from engine.api import Finished, GenerationRequest, SpecStats, TokenEvent, TokenLogprob, Usage
+from engine.api import EngineCancelled, Finished, GenerationRequest, SpecStats, TokenEvent, TokenLogprob, Usage
 from engine.backend import blas_threads
 from engine.processors import ProcessorSettings
 from engine.runtime import Runtime
@@ -21,35 +21,55 @@ from engine.spec import DecodeOptions, SpecDecoder
 from engine.text import IncrementalDetokenizer, StopMatcher
 
 
-def stream_generate(runtime: Runtime, request: GenerationRequest) -> Iterator[TokenEvent | Finished]:
-    """TokenEvents of `request`, one per round, then its Finished (always the last item)."""
+def stream_generate(runtime: Runtime, request: GenerationRequest,
+                    cancelled: Callable[[], bool] | None = None) -> Iterator[TokenEvent | Finished]:
+    """TokenEvents of `request`, one per round, then its Finished (always the last item).
+
+    `cancelled` is polled between prefill chunks (EngineCancelled ends a long prefill early); between
+    rounds the consumer stops the iteration instead. Whenever the request ends in a consistent state
+    (finished, or stopped at a round or chunk boundary, never after an error), its committed state
+    goes into the runtime's prefix cache."""
     stats = SpecStats(mode=runtime.info.mode, cap=runtime.info.cap)
     decoder = SpecDecoder(runtime.target, runtime.drafter, runtime.make_scheduler(), decode_options(runtime, request),
                           stats)
     detok = IncrementalDetokenizer(runtime.tokenizer)
     stops = StopMatcher(list(request.stop))
     total: list[int] = []
-    tokens = decoder.prefill(list(request.prompt_ids))  # long matrices: the BLAS as loaded
-    with blas_threads(runtime.decode_threads):  # a few rows per product: the measured decode count
-        while True:
-            total += tokens
-            visible = _visible(tokens, decoder)
-            text, stopped = stops.push(detok.add(visible))
-            if tokens or text:
-                yield TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime))
-            if stopped or decoder.done:
-                reason = "stop"
-                break
-            if len(total) >= request.max_tokens:
-                reason = "length"
-                break
-            tokens = decoder.step(request.max_tokens - len(total))
-    runtime.remember(total)  # into the cross-request lookup history, when --lookup-history is on
-    tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
-    if stops.stopped:
-        reason = "stop"
-    usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(total))
-    yield Finished(reason=reason, usage=usage, stats=stats, text=tail)
+    prompt = list(request.prompt_ids)
+    consistent = False  # whether the decoder may be captured for the prefix cache now
+    try:
+        try:
+            tokens = decoder.prefill(prompt, runtime.match_prefix(prompt), cancelled)  # the BLAS as loaded
+        except EngineCancelled:
+            consistent = True  # stopped between chunks: the chunks read are a consistent prefix
+            raise
+        runtime.account_prefill(stats, len(prompt))
+        with blas_threads(runtime.decode_threads):  # a few rows per product: the measured decode count
+            while True:
+                total += tokens
+                visible = _visible(tokens, decoder)
+                text, stopped = stops.push(detok.add(visible))
+                if tokens or text:
+                    consistent = True
+                    yield TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime))
+                if stopped or decoder.done:
+                    reason = "stop"
+                    break
+                if len(total) >= request.max_tokens:
+                    reason = "length"
+                    break
+                consistent = False
+                tokens = decoder.step(request.max_tokens - len(total))
+        consistent = True
+        runtime.remember(total)  # into the cross-request lookup history, when --lookup-history is on
+        tail = "" if stops.stopped else stops.push(detok.flush())[0] + stops.flush()
+        if stops.stopped:
+            reason = "stop"
+        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(total), cached_tokens=stats.prompt_cached_tokens)
+        yield Finished(reason=reason, usage=usage, stats=stats, text=tail)
+    finally:
+        if consistent:
+            runtime.keep_prefix(decoder)
 
 
 def generate(runtime: Runtime, request: GenerationRequest) -> tuple[list[int], str, Finished]:

@@ -14,8 +14,9 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.api import EngineConfig, EngineInfo, SpecConfig
+from engine.api import EngineConfig, EngineInfo, SpecConfig, SpecStats
 from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
@@ -23,10 +24,14 @@ from engine.lookup import (
     DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, HybridDrafter, LookupConfig, LookupDrafter, LookupHistory,
 )
 from engine.models.target import Target
+from engine.prefix_cache import PrefixCache, PrefixState, prefix_cache_for
 from engine.scheduler import (
     AUTO_PRIOR, AutoScheduler, CostCurve, HybridScheduler, LookupScheduler, Scheduler, ThresholdScheduler,
 )
 from engine.seams import DrafterLike, TokenizerLike, drafter_kind
+
+if TYPE_CHECKING:
+    from engine.spec import SpecDecoder
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,34 @@ class Runtime:
     curve: CostCurve | None = None  # measured round costs (every speculative mode)
     cap: int | None = None  # fixed cap, or auto's starting cap; None in baseline mode
     history: LookupHistory | None = None  # recent outputs lookup drafts from (--lookup-history); None: off
+    prefix_cache: PrefixCache | None = None  # finished requests' states for later prompts; None: off
+
+    def match_prefix(self, prompt: list[int]) -> tuple[PrefixState, int] | None:
+        """The prefix-cache state to start `prompt` from and how many of its positions it gives
+        (None: the cache is off or holds no common prefix)."""
+        return self.prefix_cache.match(prompt) if self.prefix_cache is not None else None
+
+    def account_prefill(self, stats: SpecStats, prompt_tokens: int) -> None:
+        """After a prefill: feed the cache's prefill-rate estimate and set the request's estimated
+        prefill time saved by cached tokens."""
+        if self.prefix_cache is None:
+            return
+        cached = stats.prompt_cached_tokens
+        self.prefix_cache.observe_prefill(prompt_tokens - cached, stats.time_prefill_s)
+        stats.prefill_saved_s = self.prefix_cache.estimate_prefill_s(cached)
+
+    def keep_prefix(self, decoder: SpecDecoder) -> None:
+        """Put a finished (or cleanly stopped) request's committed state into the prefix cache.
+
+        A failure here is a bug in the cache's bookkeeping: it is logged and the cache emptied, so
+        that it never costs a request its answer or serves a state it could not check."""
+        if self.prefix_cache is None:
+            return
+        try:
+            self.prefix_cache.insert(decoder.capture())
+        except Exception:
+            log.exception("prefix cache: could not keep a request's state; emptying the cache")
+            self.prefix_cache.clear()
 
     def remember(self, output_ids: list[int]) -> None:
         """Add a finished request's output to the lookup history (nothing when it is off)."""
@@ -183,13 +216,15 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
         longest = max(max_drafts, drafter.lookup.config.max_drafts) if timed is not drafter else max_drafts
         curve = _round_costs(target, timed, str(path), source, longest)
         cap = initial_auto_cap(curve, max_drafts) if spec.max_draft == "auto" else min(int(spec.max_draft), max_drafts)
+    prefix_cache = prefix_cache_for(target, config.prefix_cache_bytes)
     info = EngineInfo(
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model), sampler=spec.sampler, vocab_size=target.vocab_size,
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note, drafter_kind=drafter_kind(drafter),
         lookup_history=history.usage if history is not None else None,
+        prefix_cache=prefix_cache.usage if prefix_cache is not None else None,
     )
-    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap, history)
+    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap, history, prefix_cache)
 
 
 def _history(spec: SpecConfig) -> LookupHistory | None:

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from engine import sampling
-from engine.api import KindStats, SpecStats
+from engine.api import EngineCancelled, KindStats, SpecStats
 from engine.lookup import split_drafter
 from engine.models.drafter import draft_logits
 from engine.models.target import Target, cache_length, fork_cache, trim_cache
+from engine.prefix_cache import PrefixState, capture
 from engine.processors import LogitProcessor, ProcessorSettings
 from engine.samplers import Sampler
 from engine.scheduler import HybridScheduler, Scheduler
@@ -97,30 +99,64 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ prefill
 
-    def prefill(self, prompt_ids: list[int]) -> list[int]:
-        """Run the prompt through the target and commit the first token; returns [token]."""
+    def prefill(self, prompt_ids: list[int], prefix: tuple[PrefixState, int] | None = None,
+                cancelled: Callable[[], bool] | None = None) -> list[int]:
+        """Run the prompt through the target and commit the first token; returns [token].
+
+        `prefix` (state, n): start from the first n prompt positions restored from a prefix-cache
+        state (`PrefixCache.match`) and read only the rest. `cancelled` is polled between chunks."""
         t0 = time.perf_counter()
-        self.read_prompt(prompt_ids)
+        self.read_prompt(prompt_ids, prefix, cancelled)
         new = self.first_token()
         self.stats.time_prefill_s += time.perf_counter() - t0
         return new
 
-    def read_prompt(self, prompt_ids: list[int]) -> None:
-        """The prompt's target forward pass (in chunks), filling the caches; nothing is sampled."""
+    def read_prompt(self, prompt_ids: list[int], prefix: tuple[PrefixState, int] | None = None,
+                    cancelled: Callable[[], bool] | None = None) -> None:
+        """The prompt's target forward pass (in chunks), filling the caches; nothing is sampled.
+
+        With `prefix` (state, n), positions 0..n-1 come from the state and only prompt_ids[n:] is
+        read. Between chunks `cancelled()` may end the read with EngineCancelled; the decoder is
+        then in a consistent state holding the chunks read (`capture` may keep them)."""
+        start = 0
+        if prefix is not None:
+            start = self._restore(*prefix)
+            self.stats.prompt_cached_tokens = start
         ids = mx.array(prompt_ids)[None]  # [1, P]
-        taps = []
-        for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-            logits, chunk_taps = self._forward(ids[:, start : start + PREFILL_CHUNK])
-            last = logits[0, -1]  # [V]
-            mx.eval(last, chunk_taps) if chunk_taps is not None else mx.eval(last)
-            if chunk_taps is not None:
-                taps.append(chunk_taps)
-        self.ctx_pending = mx.concatenate(taps, axis=1) if taps else None
-        self.committed[:] = prompt_ids
+        taps = [self.ctx_pending] if self.ctx_pending is not None else []  # [1, c, m*d] each
+        try:
+            for begin in range(start, len(prompt_ids), PREFILL_CHUNK):
+                if cancelled is not None and cancelled():
+                    raise EngineCancelled("cancelled during prefill")
+                logits, chunk_taps = self._forward(ids[:, begin : begin + PREFILL_CHUNK])
+                last = logits[0, -1]  # [V]
+                mx.eval(last, chunk_taps) if chunk_taps is not None else mx.eval(last)
+                if chunk_taps is not None:
+                    taps.append(chunk_taps)
+                self.committed[:] = prompt_ids[: begin + PREFILL_CHUNK]  # the positions the caches hold
+        finally:
+            self.ctx_pending = (taps[0] if len(taps) == 1 else mx.concatenate(taps, axis=1)) if taps else None
         if self._index is not None:
             self._index.extend(prompt_ids)
         self.processor.add_prompt(prompt_ids)
         self._prompt_row = last
+
+    def _restore(self, state: PrefixState, length: int) -> int:
+        """Take positions 0..length-1 from a prefix-cache state; returns `length`."""
+        if self.committed:
+            raise RuntimeError("a prefix can only be restored into a fresh decoder")
+        self.target_cache, draft_cache, self.ctx_pending = state.restore(length)
+        if self._taps:
+            self.draft_cache = draft_cache
+        self.committed[:] = state.tokens[:length].tolist()
+        return length
+
+    def capture(self) -> PrefixState:
+        """This decoder's committed state for the prefix cache (between rounds, or after a cancelled
+        prefill): the positions its target cache holds and the drafter context that matches them."""
+        held = cache_length(self.target_cache)
+        draft = self.draft_cache if self._taps else None
+        return capture(self.committed[:held], self.target_cache, draft, self.ctx_pending if self._taps else None)
 
     def first_token(self) -> list[int]:
         """Sample and commit the token after the prompt read by `read_prompt`; returns [token]."""

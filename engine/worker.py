@@ -106,13 +106,16 @@ class EngineWorker(threading.Thread):
     def _serve(self, job: Job) -> None:
         from engine.generate import stream_generate
 
-        events = stream_generate(self.runtime, job.request)
+        # Checked between prefill chunks and once per round: freed within one chunk or round.
+        events = stream_generate(self.runtime, job.request, cancelled=job.cancelled.is_set)
         try:
             for event in events:
                 job.sink(event)
-                if job.cancelled.is_set():  # checked once per round: freed within one round
+                if job.cancelled.is_set():
                     job.sink(Failed(EngineCancelled("cancelled")))
                     break
+        except EngineCancelled as exc:  # during prefill: nobody is listening, nothing went wrong
+            job.sink(Failed(exc))
         except Exception as exc:
             log.error("request %s failed: %s\n%s", job.request.request_id, exc, traceback.format_exc())
             error = exc if isinstance(exc, EngineError) else EngineError(f"internal error: {type(exc).__name__}")

@@ -73,11 +73,11 @@ def generation_request(
 
 
 def usage(finished: Finished, reasoning_tokens: int | None = None) -> Usage:
-    """OpenAI usage from the engine's counts (no prompt cache yet: 0 cached tokens)."""
+    """OpenAI usage from the engine's counts; cached_tokens: prompt tokens restored from the prefix cache."""
     u = finished.usage
     details = None if reasoning_tokens is None else {"reasoning_tokens": reasoning_tokens}
     return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                 total_tokens=u.prompt_tokens + u.completion_tokens, prompt_tokens_details={"cached_tokens": 0},
+                 total_tokens=u.prompt_tokens + u.completion_tokens, prompt_tokens_details={"cached_tokens": u.cached_tokens},
                  completion_tokens_details=details)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.api import Finished, SpecStats
@@ -210,6 +210,7 @@ class _EngineCollector(Collector):
                                str(info.cap or "")], 1.0)
             yield served
             yield from _history_gauges(info.lookup_history)
+            yield from _prefix_cache_metrics(info.prefix_cache)
 
 
 def _history_gauges(usage) -> Iterator[GaugeMetricFamily]:
@@ -222,3 +223,19 @@ def _history_gauges(usage) -> Iterator[GaugeMetricFamily]:
                             value=usage.tokens)
     yield GaugeMetricFamily("dspark_lookup_history_bytes", "Approximate memory of the lookup history",
                             value=usage.approx_bytes)
+
+
+def _prefix_cache_metrics(usage) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The prefix cache's budget, bytes and entries, and its hit and miss prompt tokens (none when off)."""
+    if usage is None:
+        return
+    yield GaugeMetricFamily("dspark_prefix_cache_budget_bytes", "Most bytes the prefix cache holds",
+                            value=usage.budget_bytes)
+    yield GaugeMetricFamily("dspark_prefix_cache_bytes", "Bytes the prefix cache holds", value=usage.bytes)
+    yield GaugeMetricFamily("dspark_prefix_cache_entries", "States the prefix cache holds", value=usage.entries)
+    yield CounterMetricFamily("dspark_prefix_cache_hit_tokens", "Prompt tokens restored from the prefix cache",
+                              value=usage.hit_tokens)
+    yield CounterMetricFamily("dspark_prefix_cache_miss_tokens", "Prompt tokens prefilled (not in the prefix cache)",
+                              value=usage.miss_tokens)
+    yield CounterMetricFamily("dspark_prefix_cache_evictions", "States evicted from the prefix cache",
+                              value=usage.evictions)

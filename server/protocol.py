@@ -659,6 +659,18 @@ class LookupHistoryHealth(BaseModel):
     approx_bytes: int
 
 
+class PrefixCacheHealth(BaseModel):
+    """What the prefix cache holds (`--prefix-cache-mb`) and how many prompt tokens it saved."""
+
+    budget_bytes: int
+    bytes: int
+    entries: int
+    tokens: int  # positions held, over all entries
+    hit_tokens: int  # prompt tokens restored instead of prefilled, since start
+    miss_tokens: int  # prompt tokens prefilled, since start
+    evictions: int
+
+
 class Health(BaseModel):
     """GET /health: 200 only when the engine is ready and the server is not draining."""
 
@@ -678,4 +690,5 @@ class Health(BaseModel):
     mode_note: str | None = None  # why (e.g. no drafter is known for the target)
     drafter_kind: str | None = None  # what proposes the drafts: dspark, dflash or lookup (None: baseline)
     lookup_history: LookupHistoryHealth | None = None  # set when --lookup-history is on
+    prefix_cache: PrefixCacheHealth | None = None  # set when the prefix cache is on
 

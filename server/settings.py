@@ -31,6 +31,8 @@ class ServerSettings(BaseSettings):
     drafter_quantization: Literal["bf16", "8bit", "4bit"] | None = Field(default=None, description="drafter dtype")
     lookup_min_ngram: int = Field(default=2, ge=1, description="shortest context match lookup drafts from")
     lookup_history: int = Field(default=0, ge=0, description="tokens of recent outputs lookup drafts from; 0: off")
+    prefix_cache_mb: int | None = Field(default=None, ge=0, description="MiB of finished requests' caches kept for "
+                                        "prompts that share their prefix; 0: off; None: sized for this machine")
 
     # HTTP.
     host: str = Field(default="127.0.0.1", description="interface to bind")
@@ -57,7 +59,8 @@ class ServerSettings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("api_key", "model", "drafter", "confidence_threshold", "drafter_quantization", mode="before")
+    @field_validator("api_key", "model", "drafter", "confidence_threshold", "drafter_quantization", "prefix_cache_mb",
+                     mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         """An empty env var (`DSPARK_API_KEY=`) means unset, not an empty key."""
@@ -77,7 +80,8 @@ class ServerSettings(BaseSettings):
                           confidence_threshold=self.confidence_threshold,
                           drafter_quantization=self.drafter_quantization, lookup_min_ngram=self.lookup_min_ngram,
                           lookup_history=self.lookup_history)
-        return EngineConfig(model=self.model, spec=spec, max_queue=self.max_queue)
+        cache_bytes = None if self.prefix_cache_mb is None else self.prefix_cache_mb * 2**20  # None: the engine sizes it
+        return EngineConfig(model=self.model, spec=spec, max_queue=self.max_queue, prefix_cache_bytes=cache_bytes)
 
     def base_url(self) -> str:
         """The OpenAI base URL clients should use (`http://host:port/v1`)."""

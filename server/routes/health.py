@@ -63,6 +63,7 @@ def _health(app_state: AppState) -> Health:
         "mode_note": info.mode_note if info else None,
         "drafter_kind": info.drafter_kind if info else None,
         "lookup_history": _history(info),
+        "prefix_cache": dataclasses.asdict(info.prefix_cache) if info is not None and info.prefix_cache else None,
     })
 
 

@@ -7,6 +7,7 @@ generations must fit it (chi-square and TV), and each broken variant must not.
 """
 
 import math
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -75,18 +76,20 @@ def exact_joint(settings: sampling.SamplerSettings) -> np.ndarray:
     return joint.exact_joint(TARGET, PROMPT, settings, V, L)
 
 
-def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None, sampler_cls=None) -> np.ndarray:
+def sample_joint(settings, make_scheduler, decoder_cls=SpecDecoder, n=N, drafter=None, sampler_cls=None,
+                 prefix=None) -> np.ndarray:
     """Joint-cell index of the first L tokens of n independent speculative generations.
 
     The prompt's forward pass is the same for every seed, so it runs once (`read_prompt`); each
     generation is a `fork` of that state that samples its own first token, then runs real rounds.
-    `sampler_cls(settings, seed)` replaces the rejection sampler (negative controls).
+    `sampler_cls(settings, seed)` replaces the rejection sampler (negative controls). `prefix`
+    (PrefixState, n): the prompt's first n positions are restored from that prefix-cache state.
     """
     drafter = drafter or DRAFTER
     make = sampler_cls or (lambda s, seed: make_sampler(s, "rejection", seed))
     template = decoder_cls(TARGET, drafter, make_scheduler(), DecodeOptions(make(settings, 0), frozenset()),
                            SpecStats(mode="dspark", cap=4))
-    template.read_prompt(PROMPT)
+    template.read_prompt(PROMPT, prefix)
     fork = lambda seed: (DecodeOptions(make(settings, seed), frozenset()), make_scheduler(),  # noqa: E731
                          SpecStats(mode="dspark", cap=4))
     return joint.sample_cells(template, fork, n, BUDGET, V, L)
@@ -187,3 +190,26 @@ def test_control_peeking_scheduler(exact):
     # The same drafter with an honest scheduler passes, so the failure is the peeking alone.
     assert_fits(sample_joint(T1, SCHEDULERS["cap4"], n=N_CONTROL, drafter=PeakedDrafter()), exact["T1"])
     assert_detected(sample_joint(T1, SCHEDULERS["cap4"], Peeking, n=N_CONTROL, drafter=PeakedDrafter()), exact["T1"])
+
+
+def prefix_state(tokens: list[int], label: list[int] | None = None):
+    """A prefix-cache state of the caches after reading `tokens` (its tokens relabeled `label`: a
+    state that claims positions it does not hold, for the control)."""
+    dec = SpecDecoder(TARGET, DRAFTER, Scheduler(4), DecodeOptions(make_sampler(T1, "rejection", 0), frozenset()),
+                      SpecStats(mode="dspark", cap=4))
+    dec.read_prompt(tokens)
+    state = dec.capture()
+    return state if label is None else replace(state, tokens=np.array(label))
+
+
+def test_joint_distribution_with_a_restored_prefix(exact):
+    """The prompt's first two positions restored from the prefix cache (target and drafter context,
+    taken from a request that went on differently): the output still fits the exact joint."""
+    state = prefix_state(PROMPT[:2] + [5, 4, 0])
+    assert_fits(sample_joint(T1, SCHEDULERS["cap4"], prefix=(state, 2)), exact["T1"])
+
+
+def test_control_restored_wrong_prefix(exact):
+    """Negative control: a state holding another prompt's positions, restored as this one's, is detected."""
+    state = prefix_state([4, 0, 5], label=PROMPT[:2] + [5])
+    assert_detected(sample_joint(T1, SCHEDULERS["cap4"], n=N_CONTROL, prefix=(state, 2)), exact["T1"])

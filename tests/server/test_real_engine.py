@@ -182,3 +182,22 @@ def test_sigterm_drains_then_exits(own_server):
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
     served.proc.wait(30)
+
+
+def test_second_turn_restores_the_first_from_the_prefix_cache(served):
+    """A second turn that resends the first exchange reports most of its prompt as cached, and the
+    cache shows in /health and /metrics (the server's prefix cache is on by default)."""
+    client = _client(served)
+    system = "You are a terse assistant. " * 20
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a prime number."}]
+    first = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=12)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And another one?"}]
+    second = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=12)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 0.8 * second.usage.prompt_tokens and cached >= first.usage.prompt_tokens
+    health = httpx.get(f"{served.base_url}/health", timeout=10).json()
+    assert health["prefix_cache"]["entries"] >= 1 and health["prefix_cache"]["hit_tokens"] >= cached
+    metrics = httpx.get(f"{served.base_url}/metrics", timeout=10).text
+    hits = [line for line in metrics.splitlines() if line.startswith("dspark_prefix_cache_hit_tokens_total ")]
+    assert hits and float(hits[0].split()[1]) >= cached
