@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from loadtest import report
+from loadtest import multiturn, report
 from loadtest.stats import summarize_level
 from loadtest.sweep import LoadConfig, ServerNotReady, make_client, run_level, wait_for_models
 
@@ -38,7 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a server that is still starting or loading its model (default: 300)")
     p.add_argument("--allow-remote", action="store_true", help="allow a base URL that is not on this machine")
     p.add_argument("--out", type=Path, default=Path("load-report"), help="output directory (default: load-report)")
+    p.add_argument("--multi-turn", type=_pair, metavar="N,K", default=None,
+                   help="instead of the sweep: N conversations of K turns, one request at a time, sharing a long "
+                        "system prompt; reports TTFT and cached prompt tokens per turn (multiturn.json / .md)")
+    p.add_argument("--system-words", type=int, default=1100,
+                   help="words of the shared system prompt of --multi-turn (default: 1100, about 1,500 tokens)")
     return p
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected N,K (conversations,turns)") from None
+    if n < 1 or k < 1:
+        raise argparse.ArgumentTypeError("expected N,K >= 1")
+    return n, k
 
 
 def is_loopback(url: str) -> bool:
@@ -114,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print("loadtest: the server lists no models; pass --model", file=sys.stderr)
         return 2
     cfg = LoadConfig(**{**cfg.__dict__, "model": cfg.model or models[0]})
+    if args.multi_turn:
+        return _multi_turn(cfg, args, argv)
     rep = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": " ".join(["python -m loadtest", *(argv if argv is not None else sys.argv[1:])]),
            "base_url": cfg.base_url, "model": cfg.model, "max_tokens": cfg.max_tokens, "requests": cfg.requests,
@@ -123,3 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(rep, args.out)
     print(report.write_markdown(rep, args.out).read_text())
     return 1 if any(lv["errors"] for lv in rep["levels"]) else 0
+
+
+def _multi_turn(cfg: LoadConfig, args, argv: list[str] | None) -> int:
+    """Run --multi-turn and write multiturn.json / multiturn.md; exit 1 on any failed turn."""
+    n, k = args.multi_turn
+    conversations = asyncio.run(multiturn.run_conversations(cfg, n, k, multiturn.system_prompt(args.system_words)))
+    rep = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": " ".join(["python -m loadtest", *(argv if argv is not None else sys.argv[1:])]),
+           "base_url": cfg.base_url, "model": cfg.model, "max_tokens": cfg.max_tokens, "conversations": n,
+           "turns": k, "system_words": args.system_words, "per_turn": multiturn.summarize_turns(conversations, k)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "multiturn.json").write_text(json.dumps(rep, indent=1) + "\n")
+    print(report.write_multiturn_markdown(rep, args.out).read_text())
+    return 1 if any(row["errors"] for row in rep["per_turn"]) else 0

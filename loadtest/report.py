@@ -45,6 +45,25 @@ def write_markdown(report: dict, out: Path) -> Path:
     return path
 
 
+def write_multiturn_markdown(report: dict, out: Path) -> Path:
+    """One table row per turn of a --multi-turn run."""
+    lines = [f"# Multi-turn load test ({report['date']})", "", f"Command: `{report['command']}`", "",
+             f"- server: {report['base_url']}, model `{report['model']}`; {report['conversations']} conversations "
+             f"of {report['turns']} turns, one request at a time, a shared system prompt of "
+             f"{report['system_words']} words; {report['max_tokens']} tokens per turn, greedy, streamed", "",
+             "| turn | requests | errors | TTFT p50 / p95 ms | turn-1 TTFT / this | prompt tokens p50 | "
+             "cached tokens p50 | cached fraction p50 |", "|" + "---|" * 8]
+    for row in report["per_turn"]:
+        lines.append(f"| {row['turn']} | {row['requests']} | {row['errors']} | {_v(row['ttft_ms']['p50'])} / "
+                     f"{_v(row['ttft_ms']['p95'])} | {_v(row['turn1_over_this_ttft'])} | {_v(row['prompt_tokens_p50'])} | "
+                     f"{_v(row['cached_tokens_p50'])} | {_v(row['cached_fraction_p50'])} |")
+    errors = [f"- turn {row['turn']}: {e}" for row in report["per_turn"] for e in row["error_samples"]]
+    lines += (["", "Errors:"] + errors) if errors else []
+    path = out / "multiturn.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _nan(x) -> float:
     return float("nan") if x is None else x
 

@@ -26,6 +26,9 @@ class RequestResult:
     decode_s: float | None = None  # first to last content delta
     chunks: int = 0
     spec_stats: dict | None = None  # the server's speculative statistics (dspark_stats), when sent
+    text: str = ""  # the streamed content, concatenated
+    prompt_tokens: int | None = None  # from the usage chunk, when sent
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when sent
     chunk_gaps_s: list[float] = field(default_factory=list)
 
     @property
@@ -76,19 +79,26 @@ async def _read_events(response: httpx.Response, result: RequestResult, t0: floa
             result.error = str(chunk["error"].get("message", chunk["error"]))
             break
         if _content(chunk):
+            result.text += _content(chunk)
             result.chunks += 1
             if last is not None:
                 result.chunk_gaps_s.append(now - last)
             first, last = first or now, now
         result.spec_stats = chunk.get("dspark_stats") or result.spec_stats
         if chunk.get("usage"):
-            result.tokens = int(chunk["usage"].get("completion_tokens", 0))
+            _read_usage(chunk["usage"], result)
     result.e2e_s = time.perf_counter() - t0
     if not done and result.error is None:
         result.error = "stream ended without [DONE]"
     result.tokens = result.tokens or result.chunks
     if first is not None:
         result.ttft_s, result.decode_s = first - t0, last - first
+
+
+def _read_usage(usage: dict, result: RequestResult) -> None:
+    result.tokens = int(usage.get("completion_tokens", 0))
+    result.prompt_tokens = usage.get("prompt_tokens")
+    result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 def _content(chunk: dict) -> str:

@@ -122,16 +122,19 @@ def equivalence(args, model, tok) -> dict:
                     rows["greedy_ties" if gap <= TIE_EPS else "greedy_other"].append((c, turn, k, gap))
                 print(mode, label, c, rows[f"{label}_identical"], flush=True)
         report["modes"][mode] = rows
+        args.out.write_text(json.dumps(report, indent=1, default=str))  # each mode as it ends
     return report
 
 
 def ttft(args, model, tok) -> dict:
     text = (ROOT / "tests" / "data" / "python_docs_controlflow.txt").read_text()
-    system = "Answer questions about this reference.\n\n" + tok.decode(tok.encode(text)[:1450])
+    reference = tok.decode((tok.encode(text) * 2)[:1480])
     rt, _ = runtime(model, tok, "baseline", 2**30)
     rows = []
     for c in range(args.conversations):
-        q = f"({c}) " + QUESTIONS[c % len(QUESTIONS)]
+        # Each conversation's system prompt starts differently, so that its first turn is cold.
+        system = f"Session {c}. Answer questions about this reference.\n\n{reference}"
+        q = QUESTIONS[c % len(QUESTIONS)]
         turns = conversation(rt, tok, system, q, 2, args.max_tokens, SamplingParams())
         (p1, _, t1, c1), (p2, _, t2, c2) = turns
         rows.append({"turn1_prompt": len(p1), "turn1_ttft_s": t1, "turn1_cached": c1,

@@ -110,6 +110,9 @@ def test_sweep_against_real_server(default_model_dir, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "loadtest", "--base-url", f"{server.base_url}/v1",
                                "--concurrency", "1,2,3", "--requests", "4", "--max-tokens", "8", "--out", str(out)],
                               capture_output=True, text=True, timeout=300, env=clean_env())
+        multi = subprocess.run([sys.executable, "-m", "loadtest", "--base-url", f"{server.base_url}/v1",
+                                "--multi-turn", "2,3", "--system-words", "300", "--max-tokens", "8", "--out", str(out)],
+                               capture_output=True, text=True, timeout=300, env=clean_env())
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -123,3 +126,11 @@ def test_sweep_against_real_server(default_model_dir, tmp_path):
     spec = by_c[1]["server_spec"]
     assert spec["mode"] == "baseline" and spec["client_over_engine_decode_p50"] is not None
     assert (out / "load.png").read_bytes()[:4] == b"\x89PNG" and "| 3 |" in (out / "load.md").read_text()
+
+    # --multi-turn: every later turn (and the second conversation's first turn, which shares the
+    # system prompt) restores most of its prompt from the server's prefix cache.
+    assert multi.returncode == 0, multi.stderr + multi.stdout
+    turns = json.loads((out / "multiturn.json").read_text())["per_turn"]
+    assert [row["requests"] for row in turns] == [2, 2, 2] and all(row["errors"] == 0 for row in turns)
+    assert all(row["cached_fraction_p50"] >= 0.8 for row in turns[1:])
+    assert "| 3 |" in (out / "multiturn.md").read_text()
