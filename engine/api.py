@@ -53,6 +53,19 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), bias clamped to [-100, 100]
 
 
+GrammarKind = Literal["json_schema", "regex", "lark"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the output must match (engine/grammar.py): a JSON Schema, a regex or a Lark grammar
+    (llguidance's dialect, which may embed JSON schemas with `%json`)."""
+
+    kind: GrammarKind
+    source: str  # the schema as JSON text, the regex, or the grammar
+    param: str | None = None  # the request field it came from, named in errors
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation: prompt token ids in, at most `max_tokens` new tokens out."""
@@ -64,6 +77,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop strings; the matched string is not emitted
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS ids
     logprobs: int | None = None  # None: off; 0..20: each token's logprob and that many top alternatives
+    grammar: GrammarSpec | None = None  # constrained decoding; None: free text
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,8 @@ class SpecStats:
     time_other_s: float = 0.0
     generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
     round_tokens: int = 0  # tokens committed by rounds (excludes the prefill token)
+    grammar_masks: int = 0  # grammar mask rows computed (drafts, verify rows, plain steps); 0: no grammar
+    time_grammar_s: float = 0.0  # computing them (inside the draft/verify/accept times above)
     by_kind: dict[str, KindStats] = field(default_factory=dict)  # drafter kind -> its rounds and drafts
 
     @property
@@ -222,6 +238,8 @@ class SpecStats:
             "time_verify_s": round(self.time_verify_s, 4),
             "time_accept_s": round(self.time_accept_s, 4),
             "time_other_s": round(self.time_other_s, 4),
+            "grammar_masks": self.grammar_masks,
+            "time_grammar_s": round(self.time_grammar_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "by_kind": {kind: dict(vars(k)) for kind, k in self.by_kind.items()},
         }

@@ -19,6 +19,7 @@ from engine.api import (
     ContextLengthExceeded, EngineConfig, EngineDead, EngineInfo, EngineInputError, EngineNotReady, EngineOverloaded,
     Failed, Finished, GenerationRequest, TokenEvent,
 )
+from engine.grammar import compile_grammar
 from engine.worker import EngineWorker, Job
 
 _ids = itertools.count()
@@ -70,7 +71,8 @@ def validate_request(request: GenerationRequest, info: EngineInfo) -> None:
 
 
 def _validate_processing(request: GenerationRequest, vocab: int) -> None:
-    """Logit bias ids in the vocabulary, a positive repetition penalty, logprobs in 0..20."""
+    """Logit bias ids in the vocabulary, a positive repetition penalty, logprobs in 0..20, a grammar
+    that compiles."""
     s = request.sampling
     if vocab and any(not 0 <= int(t) < vocab for t, _ in s.logit_bias):
         raise EngineInputError(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
@@ -78,6 +80,8 @@ def _validate_processing(request: GenerationRequest, vocab: int) -> None:
         raise EngineInputError("repetition_penalty must be greater than 0", param="repetition_penalty")
     if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
         raise EngineInputError(f"logprobs must be between 0 and {MAX_LOGPROBS}", param="logprobs")
+    if request.grammar is not None:
+        compile_grammar(request.grammar)  # cached: the worker reuses it
 
 
 def require_queue_room(queue_depth: int, max_queue: int) -> None:

@@ -85,7 +85,8 @@ def generate(runtime: Runtime, request: GenerationRequest) -> tuple[list[int], s
 
 
 def decode_options(runtime: Runtime, request: GenerationRequest) -> DecodeOptions:
-    """The decoder's options for a request: its sampler (a fresh seed if none), stops and processors."""
+    """The decoder's options for a request: its sampler (a fresh seed if none), stops, processors and
+    grammar."""
     s = request.sampling
     settings = SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
     seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little")
@@ -94,7 +95,8 @@ def decode_options(runtime: Runtime, request: GenerationRequest) -> DecodeOption
     processors = ProcessorSettings(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                                    repetition_penalty=s.repetition_penalty, logit_bias=tuple(s.logit_bias))
     sampler = make_sampler(settings, s.sampler or runtime.spec.sampler, seed)
-    return DecodeOptions(sampler=sampler, stop_ids=stop_ids, processors=processors, logprobs=request.logprobs)
+    return DecodeOptions(sampler=sampler, stop_ids=stop_ids, processors=processors, logprobs=request.logprobs,
+                         grammar=runtime.compiled_grammar(request.grammar))
 
 
 def _visible(tokens: list[int], decoder: SpecDecoder) -> list[int]:

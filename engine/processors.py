@@ -22,8 +22,13 @@ Plain decoding would see exactly these histories at those positions, which is wh
 speculative decoding lossless with processors on. Rolled-back drafts never enter the committed
 history (`commit` receives only the committed tokens).
 
-With every setting at its default `LogitProcessor` holds no arrays and every method returns at
-once, so the default decode path pays nothing.
+4. a grammar (`engine/grammar.py`), last: every token the grammar does not allow after the same
+   history goes to -inf, so no bias or penalty can bring it back. Its state is the committed tokens
+   plus the uncommitted ones before the row, exactly like the penalties' history; it needs their
+   values, so a plain step is not queued ahead of the token it continues (`reads_tokens`).
+
+With every setting at its default and no grammar `LogitProcessor` holds no arrays and every method
+returns at once, so the default decode path pays nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from engine.grammar import GrammarMatcher, mask_logits
 
 # OpenAI accepts logit_bias values in [-100, 100]; -100 effectively bans a token.
 MAX_LOGIT_BIAS = 100.0
@@ -65,18 +72,26 @@ class LogitProcessor:
     """One request's processors and token history, as MLX arrays over the vocabulary.
 
     `counts` [V] counts the generated (committed) tokens; `seen` [V] marks prompt + generated.
+    `grammar` holds the grammar's state after the committed tokens (None: no grammar).
     """
 
-    def __init__(self, settings: ProcessorSettings, vocab: int):
-        self.settings, self.vocab = settings, vocab
-        self.active = settings.active
+    def __init__(self, settings: ProcessorSettings, vocab: int, grammar: GrammarMatcher | None = None):
+        self.settings, self.vocab, self.grammar = settings, vocab, grammar
+        self._penalties = settings.active
+        self.active = settings.active or grammar is not None
         self.counts: mx.array | None = None  # [V] float32
         self.seen: mx.array | None = None  # [V] bool
         self.bias: mx.array | None = None  # [V] float32
-        if self.active:
+        if self._penalties:
             self.counts = mx.zeros((vocab,), dtype=mx.float32)
             self.seen = mx.zeros((vocab,), dtype=mx.bool_)
             self.bias = dense_bias(settings.logit_bias, vocab)
+
+    @property
+    def reads_tokens(self) -> bool:
+        """True when a row's processing needs the values of the tokens before it (a grammar), so a
+        step cannot be queued from a token that is still lazy."""
+        return self.grammar is not None
 
     def add_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Mark the prompt's tokens as seen (repetition penalty only; they are not counted)."""
@@ -89,29 +104,42 @@ class LogitProcessor:
             added = token_counts(tokens, self.vocab)  # [V]
             self.counts = self.counts + added
             self.seen = self.seen | (added > 0)
+        if self.grammar is not None:
+            self.grammar.commit(tokens)
 
     def apply(self, logits: mx.array, extra: Sequence[int] | mx.array | None = None) -> mx.array:
         """Process logits [..., V] whose rows all continue the committed history plus `extra`.
 
         `extra` [m] are generated tokens not committed yet (drafts, a queued plain step's lazy
-        token); they may be a lazy array, so a pipelined step stays pipelined.
+        token); they may be a lazy array (only without a grammar), so a pipelined step stays
+        pipelined.
         """
         if not self.active:
             return logits
-        counts, seen = self.counts, self.seen
-        if extra is not None and len(extra) and self.settings.uses_history:
-            added = token_counts(extra, self.vocab)  # [V]
-            counts, seen = counts + added, seen | (added > 0)
-        return penalize(logits, counts, seen, self.settings, self.bias)
+        x = logits
+        if self._penalties:
+            counts, seen = self.counts, self.seen
+            if extra is not None and len(extra) and self.settings.uses_history:
+                added = token_counts(extra, self.vocab)  # [V]
+                counts, seen = counts + added, seen | (added > 0)
+            x = penalize(x, counts, seen, self.settings, self.bias)
+        if self.grammar is not None:
+            x = mask_logits(x, self.grammar.allowed(() if extra is None else extra))
+        return x
 
     def apply_rows(self, logits: mx.array, drafts: Sequence[int]) -> mx.array:
         """Process verify rows [l+1, V]: row k continues the committed history plus drafts[:k]."""
         if not self.active:
             return logits
-        if not self.settings.uses_history:
-            return penalize(logits, self.counts, self.seen, self.settings, self.bias)
-        prefix = draft_history(mx.array(list(drafts), dtype=mx.int32), self.vocab)  # [l+1, V]
-        return penalize(logits, self.counts + prefix, self.seen | (prefix > 0), self.settings, self.bias)
+        x = logits
+        if self._penalties and not self.settings.uses_history:
+            x = penalize(x, self.counts, self.seen, self.settings, self.bias)
+        elif self._penalties:
+            prefix = draft_history(mx.array(list(drafts), dtype=mx.int32), self.vocab)  # [l+1, V]
+            x = penalize(x, self.counts + prefix, self.seen | (prefix > 0), self.settings, self.bias)
+        if self.grammar is not None:
+            x = mask_logits(x, self.grammar.allowed_rows(drafts))
+        return x
 
 
 def token_counts(ids: Sequence[int] | mx.array, vocab: int) -> mx.array:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.api import EngineConfig, EngineInfo, SpecConfig, SpecStats
+from engine.api import EngineConfig, EngineInfo, GrammarSpec, SpecConfig, SpecStats
+from engine.grammar import CompiledGrammar, compile_grammar, grammar_tokenizer
 from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target
@@ -60,6 +61,16 @@ class Runtime:
     cap: int | None = None  # fixed cap, or auto's starting cap; None in baseline mode
     history: LookupHistory | None = None  # recent outputs lookup drafts from (--lookup-history); None: off
     prefix_cache: PrefixCache | None = None  # finished requests' states for later prompts; None: off
+    _grammar_tokenizer: object | None = field(default=None, init=False, repr=False)  # built on first use
+
+    def compiled_grammar(self, spec: GrammarSpec | None) -> CompiledGrammar | None:
+        """`spec` compiled (cached by its text) and bound to this model's tokenizer; None for no grammar."""
+        if spec is None:
+            return None
+        vocab = self.target.vocab_size
+        if self._grammar_tokenizer is None:  # about a second, so only once a request asks for a grammar
+            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, vocab, self.eos_ids)
+        return CompiledGrammar(self._grammar_tokenizer, compile_grammar(spec), vocab)
 
     def match_prefix(self, prompt: list[int]) -> tuple[PrefixState, int] | None:
         """The prefix-cache state to start `prompt` from and how many of its positions it gives

@@ -13,8 +13,8 @@ A hybrid drafter (`HybridDrafter`) has both states: each round `HybridScheduler`
 trained drafter or a plain step; every round's taps join the trained drafter's pending context,
 whichever kind drafted it, so skipping its pass loses no context (docs/method.md §3.5).
 
-Logit processors (penalties, logit bias; `engine/processors.py`) act on every row a distribution
-is formed from, each with the history plain decoding would have at that row's position.
+Logit processors (penalties, logit bias, a grammar; `engine/processors.py`) act on every row a
+distribution is formed from, each with the history plain decoding would have at that row's position.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from engine import sampling
 from engine.api import EngineCancelled, KindStats, SpecStats
+from engine.grammar import CompiledGrammar
 from engine.lookup import split_drafter
 from engine.models.drafter import draft_logits
 from engine.models.target import Target, cache_length, fork_cache, trim_cache
@@ -52,6 +53,7 @@ class DecodeOptions:
     stop_ids: frozenset[int]
     processors: ProcessorSettings = ProcessorSettings()  # penalties and logit bias (default: off)
     logprobs: int | None = None  # None: off; n: raw target logprob of each committed token + top n
+    grammar: CompiledGrammar | None = None  # constrained decoding (each decoder starts its own matcher)
 
 
 class SpecDecoder:
@@ -89,7 +91,8 @@ class SpecDecoder:
         self._prompt_row: mx.array | None = None  # [V] the prompt's last logits, until first_token
         self.done = False
         vocab = target.vocab_size if opts.processors.active else 0  # no arrays when off
-        self.processor = LogitProcessor(opts.processors, vocab)
+        grammar = opts.grammar.matcher(stats) if opts.grammar is not None else None
+        self.processor = LogitProcessor(opts.processors, vocab, grammar)
         # Per token committed by the last prefill/step: (raw logprob, [(id, logprob)] top n); None: off.
         self.last_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
@@ -238,7 +241,8 @@ class SpecDecoder:
         t3 = time.perf_counter()
         new = self._commit(draft_ids[:num_accepted] + [token])
         self.last_logprobs = self._logprobs(logits, new)  # row i of the verify pass scored new[i]
-        self._roll_back(len(draft_ids), num_accepted, taps)
+        # A stop token among the accepted drafts cuts `new` short: keep only what was committed.
+        self._roll_back(len(draft_ids), len(new) - 1, taps)
         self._record(len(draft_ids), num_accepted, len(new), (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
         return new
 
@@ -262,6 +266,7 @@ class SpecDecoder:
         """
         t0 = time.perf_counter()
         n = len(self.committed)
+        queue_next = queue_next and not self.processor.reads_tokens  # a grammar needs the token first
         current, row = self._ahead or self._launch(mx.array([[self.committed[-1]]]), n)
         self._ahead = self._launch(current.reshape(1, 1), n + 1, pending=current.reshape(1)) if queue_next else None
         token = current.item()
@@ -374,13 +379,13 @@ class SpecDecoder:
         x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]
         return self.sampler.accept(draft_ids, draft_logprobs, x, anchor=len(self.committed) - 1)
 
-    def _roll_back(self, num_draft: int, num_accepted: int, taps: mx.array | None) -> None:
-        """Keep anchor + accepted rows in the target cache; their taps (if any) join the trained
-        drafter's pending context (after any rows a hybrid's lookup rounds left there). Lookup needs
-        nothing rolled back: its index only ever holds committed tokens."""
-        trim_cache(self.target_cache, num_draft - num_accepted)
+    def _roll_back(self, num_draft: int, num_kept: int, taps: mx.array | None) -> None:
+        """Keep anchor + the `num_kept` committed drafts' rows in the target cache; their taps (if any)
+        join the trained drafter's pending context (after any rows a hybrid's lookup rounds left
+        there). Lookup needs nothing rolled back: its index only ever holds committed tokens."""
+        trim_cache(self.target_cache, num_draft - num_kept)
         if taps is not None:
-            self._add_context(taps[:, : num_accepted + 1])
+            self._add_context(taps[:, : num_kept + 1])
 
     # ------------------------------------------------------------------ sampling helpers
 

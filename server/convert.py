@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from engine.api import Finished, GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
+from engine.api import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenEvent, TokenLogprob
 from server import logprobs as lp
 from server.outputs.events import Content, Reasoning, ToolCallArgs, ToolCallStart
 from server.outputs.pipeline import accumulate, make_parser, merge
@@ -57,7 +57,7 @@ def sampling_params(req: GenerationFields) -> SamplingParams:
 
 def generation_request(
     request_id: str, req: GenerationFields, prompt_ids: list[int], max_tokens: int | None, context_length: int,
-    logprobs: int | None = None,
+    logprobs: int | None = None, grammar: GrammarSpec | None = None,
 ) -> GenerationRequest:
     """The engine request; without `max_tokens` the rest of the context window is the limit."""
     if max_tokens is None:
@@ -69,6 +69,7 @@ def generation_request(
         sampling=sampling_params(req),
         stop=tuple(req.stop or ()),
         logprobs=logprobs,
+        grammar=grammar,
     )
 
 

@@ -6,7 +6,8 @@ Schema). By default the server is tolerant: fields it does not model are ignored
 lists them for the log, the metrics and the `X-Dspark-Ignored` header). With `--strict-params`
 (validation context `{"strict_params": True}`) it answers as OpenAI does: unknown fields and more
 than 4 stop strings get a 400. Either way a 400 stays for what would otherwise be served wrongly: `n > 1`,
-image or audio input, audio output, JSON `response_format` and forced tool calls.
+image or audio input, audio output, and a `response_format` or tool schema the grammar engine cannot
+enforce (server/structured.py).
 Extensions: `top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs` (as in vLLM) and the
 `dspark` object (`{"sampler": ...}`).
 """
@@ -294,6 +295,13 @@ class GenerationFields(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, description="extension (vLLM); 1: off")
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
+        {"type": "object", "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                                          "json_schema": {"type": "object"}},
+         "required": ["type"], "additionalProperties": True},
+        {"type": "null"}]})] = Field(
+        default=None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                                  '"json_schema": {"name": ..., "schema": {...}, "strict": ...}}')
     dspark: DsparkOptions | None = None
 
     @field_validator("stop")
@@ -311,6 +319,23 @@ class GenerationFields(BaseModel):
         """One choice per request (the engine serves one sequence)."""
         if value is not None and value != 1:
             raise unsupported("n", "Only n=1 is served; send separate requests.")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _format_shape(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A known type; for json_schema, an object holding the schema as an object."""
+        if value is None:
+            return value
+        kind = value.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise invalid("response_format", "'response_format.type' must be \"text\", \"json_object\" or "
+                                             "\"json_schema\"")
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
+                raise invalid("response_format", "'response_format.json_schema' must be an object whose 'schema' is "
+                                                 "a JSON Schema object")
         return value
 
     @field_validator("logit_bias")
@@ -340,10 +365,18 @@ class GenerationFields(BaseModel):
         return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
 
+def forced_name(choice: dict[str, Any]) -> str | None:
+    """The function a `tool_choice` object ({"type": "function", "function": {"name": ...}}) or a legacy
+    `function_call` object ({"name": ...}) names; None if it names none."""
+    inner = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+    name = inner.get("name")
+    return name if isinstance(name, str) and name else None
+
+
 ToolChoice = Annotated[Literal["none", "auto", "required"] | dict[str, Any] | None,
-                      WithJsonSchema({"enum": ["none", "auto", None]})]
+                      WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required", None]}, {"type": "object"}]})]
 LegacyFunctionCall = Annotated[Literal["none", "auto"] | dict[str, Any] | None,
-                               WithJsonSchema({"enum": ["none", "auto", None]})]
+                               WithJsonSchema({"anyOf": [{"enum": ["none", "auto", None]}, {"type": "object"}]})]
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -356,12 +389,9 @@ class ChatCompletionRequest(GenerationFields):
         default=None, description="extension: switches for the model's chat template (JSON scalars)")
     logprobs: bool | None = None
     top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
-        {"type": "object", "properties": {"type": {"enum": ["text", None]}}, "additionalProperties": True},
-        {"type": "null"}]})] = Field(default=None, description='only {"type": "text"}: structured output is not served')
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice = Field(
-        default=None, description='"auto" or "none" ("required" and a named function are refused)')
+        default=None, description='"auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDef] | None = Field(default=None, description="legacy form of tools")
     function_call: LegacyFunctionCall = Field(default=None, description="legacy form of tool_choice")
@@ -374,22 +404,17 @@ class ChatCompletionRequest(GenerationFields):
 
     @field_validator("tool_choice", "function_call", mode="before")
     @classmethod
-    def _no_forced_call(cls, value: Any, info: ValidationInfo) -> Any:
-        """A forced call needs constrained decoding, which is not served yet."""
-        if value in (None, "none", "auto"):
+    def _choice_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        """Accept "none", "auto", "required" (tool_choice only) or a named function."""
+        if value in (None, "none", "auto") or (value == "required" and info.field_name == "tool_choice"):
             return value
-        if value == "required" or isinstance(value, dict):
-            raise unsupported(info.field_name, 'Forcing a tool call ("required" or a named function) needs '
-                                               'structured output, which is not served yet; use "auto".')
-        raise invalid(info.field_name, f"'{info.field_name}' must be \"none\", \"auto\", \"required\" or an object")
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        """JSON output is refused loudly rather than served unconstrained."""
-        if value is not None and value.get("type") not in (None, "text"):
-            raise unsupported("response_format", 'Structured output is not served yet; only {"type": "text"}.')
-        return value
+        if isinstance(value, dict) and forced_name(value) is not None:
+            return value
+        if info.field_name == "tool_choice":
+            allowed = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        else:
+            allowed = '"none", "auto" or {"name": ...}'
+        raise invalid(info.field_name, f"'{info.field_name}' must be {allowed}")
 
     @field_validator("modalities")
     @classmethod
@@ -406,6 +431,20 @@ class ChatCompletionRequest(GenerationFields):
         if value is not None:
             raise unsupported("audio", "Only text output is served.")
         return value
+
+    @model_validator(mode="after")
+    def _forced_call_has_its_tool(self) -> ChatCompletionRequest:
+        """A forced call needs tools, and a named one must be among them."""
+        field = "tool_choice" if self.tool_choice not in (None, "none", "auto") else "function_call"
+        choice = self.forced_tool_choice
+        if choice is None:
+            return self
+        names = [t.function.name for t in self.tool_defs]
+        if not names:
+            raise invalid(field, f"'{field}' forces a tool call, but the request offers no tools")
+        if choice != "required" and choice not in names:
+            raise invalid(field, f"'{field}' names the function {choice!r}, which is not among the tools offered")
+        return self
 
     @model_validator(mode="after")
     def _one_token_limit(self) -> ChatCompletionRequest:
@@ -426,6 +465,16 @@ class ChatCompletionRequest(GenerationFields):
         if self.tool_choice == "none" or self.function_call == "none":
             return []
         return list(self.tools or []) + [ToolDef(function=f) for f in self.functions or []]
+
+    @property
+    def forced_tool_choice(self) -> str | None:
+        """The forced call: "required", the name of the function every answer must call, or None."""
+        for choice in (self.tool_choice, self.function_call):
+            if choice == "required":
+                return choice
+            if isinstance(choice, dict):
+                return forced_name(choice)
+        return None
 
     @property
     def num_logprobs(self) -> int | None:
@@ -511,6 +560,16 @@ class CompletionRequest(GenerationFields):
     def token_limit(self) -> int | None:
         """The requested completion length, if any."""
         return self.max_tokens
+
+    @property
+    def forced_tool_choice(self) -> str | None:
+        """The forced call: "required", the name of the function every answer must call, or None."""
+        for choice in (self.tool_choice, self.function_call):
+            if choice == "required":
+                return choice
+            if isinstance(choice, dict):
+                return forced_name(choice)
+        return None
 
     @property
     def num_logprobs(self) -> int | None:

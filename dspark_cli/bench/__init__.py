@@ -3,6 +3,7 @@
     dspark bench --quick --out bench-quick      # about 10 minutes on a 2-core CPU with SmolLM2-135M
     dspark bench --out bench-full               # the whole prompt set, every cap
     dspark bench --workloads --server --modes lookup --out bench-lookup   # copy-heavy workloads, via HTTP
+    dspark bench --structured --modes lookup,dspark --out bench-json        # JSON answers under a schema
 
 Writes report.json (every run, every paired ratio), report.md and PNG plots into --out.
 """
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from dspark_cli.bench.plan import FULL, QUICK
-from dspark_cli.bench.prompts import DEFAULT_PROMPTS, DEFAULT_WORKLOADS
+from dspark_cli.bench.prompts import DEFAULT_PROMPTS, DEFAULT_STRUCTURED, DEFAULT_WORKLOADS
 from dspark_cli.progress import ProgressBar, stderr_progress
 from engine.api import MODES
 
@@ -52,6 +53,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", type=Path, metavar="JSONL", default=DEFAULT_PROMPTS, help="prompt set JSONL (default: the v1 set)")
     p.add_argument("--workloads", action="store_true",
                    help=f"use the copy-heavy workload set ({DEFAULT_WORKLOADS.name}) instead of --prompts")
+    p.add_argument("--structured", action="store_true",
+                   help=f"answer the JSON-schema set ({DEFAULT_STRUCTURED.name}) under its schemas and report "
+                        "the grammar's cost per round (no mlx-lm arm: it has no grammars)")
     p.add_argument("--server", action="store_true",
                    help="time requests to `dspark serve` child processes (baseline and each mode at auto) "
                         "instead of the engine in-process")
@@ -68,11 +72,14 @@ def _plan(args):
         raise SystemExit(f"dspark bench: unknown mode(s) {', '.join(bad)}; choose from {', '.join(SPEC_MODES)}")
     if args.server and args.caps:
         raise SystemExit("dspark bench --server: each server decodes at its own --max-draft auto; drop --caps")
+    if args.structured and (args.server or args.workloads):
+        raise SystemExit("dspark bench --structured runs the engine in-process on its own prompt set; "
+                         "drop --server and --workloads")
     base = QUICK if args.quick else FULL
     # Through the servers there is no mlx-lm arm and no fixed cap: each arm is a whole server.
     return base.with_overrides(modes=tuple(args.modes), caps=() if args.server else args.caps,
                                per_kind=args.per_kind, max_tokens=args.max_tokens, repeats=args.repeats,
-                               mlx_lm=False if args.no_mlx_lm or args.server else None)
+                               mlx_lm=False if args.no_mlx_lm or args.server or args.structured else None)
 
 
 def load_runtimes(model: str | None, modes, drafters: dict) -> tuple[object, dict, list[str]]:
@@ -102,7 +109,8 @@ def run(args) -> int:
 
     plan = _plan(args)
     environment = collect()
-    prompts, meta = load_prompts(DEFAULT_WORKLOADS if args.workloads else args.prompts, plan.per_kind)
+    source = DEFAULT_WORKLOADS if args.workloads else DEFAULT_STRUCTURED if args.structured else args.prompts
+    prompts, meta = load_prompts(source, plan.per_kind)
     if args.server:
         from dspark_cli.bench.server import run_server_bench
 

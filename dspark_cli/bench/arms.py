@@ -13,6 +13,24 @@ from dataclasses import dataclass, replace
 BASELINE, MLX_LM = "baseline", "mlx-lm"
 
 
+class GrammarPrompt(list):
+    """Prompt token ids that engine arms decode under a JSON schema (`dspark bench --structured`).
+
+    A list, so every part of the bench that counts or passes prompt ids takes it unchanged."""
+
+    def __init__(self, ids: list[int], schema: dict):
+        super().__init__(ids)
+        self.schema = schema
+
+    def grammar(self):
+        """The engine's GrammarSpec for the schema."""
+        import json
+
+        from engine.api import GrammarSpec
+
+        return GrammarSpec("json_schema", json.dumps(self.schema))
+
+
 @dataclass
 class Arm:
     """A named decoding configuration. `runtime` is an engine Runtime, or (model, tokenizer) for mlx-lm."""
@@ -50,11 +68,14 @@ def build_arms(baseline, spec_runtimes: dict, caps_for, mlx_lm: bool) -> list[Ar
 
 
 def timed_greedy(runtime, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], object, float]:
-    """One greedy request through the engine's request loop on this thread: (ids, Finished, wall seconds)."""
+    """One greedy request through the engine's request loop on this thread: (ids, Finished, wall seconds);
+    a `GrammarPrompt` is decoded under its schema."""
     from engine.api import GenerationRequest, SamplingParams
     from engine.generate import generate
 
-    request = GenerationRequest("timed", tuple(prompt_ids), max_tokens, SamplingParams(temperature=0.0))
+    grammar = prompt_ids.grammar() if isinstance(prompt_ids, GrammarPrompt) else None
+    request = GenerationRequest("timed", tuple(prompt_ids), max_tokens, SamplingParams(temperature=0.0),
+                                grammar=grammar)
     t0 = time.perf_counter()
     ids, _, finished = generate(runtime, request)
     return ids, finished, time.perf_counter() - t0
@@ -71,6 +92,7 @@ def _engine_run(runtime, prompt_ids: list[int], max_tokens: int) -> dict:
         "time_s": {"draft": s.time_draft_s, "verify": s.time_verify_s, "accept": s.time_accept_s,
                    "other": s.time_other_s},
         "by_kind": {kind: dict(vars(k)) for kind, k in s.by_kind.items()},
+        "grammar_masks": s.grammar_masks, "grammar_s": s.time_grammar_s,
     }
 
 

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import datetime as dt
 
-from dspark_cli.bench import runner, summary, workloads
-from dspark_cli.bench.arms import build_arms
+from dspark_cli.bench import runner, structured, summary, workloads
+from dspark_cli.bench.arms import GrammarPrompt, build_arms
 from dspark_cli.bench.plan import BenchPlan
 
 VERIFY_WIDTHS = 9  # anchor + up to 8 drafts
 
 
 def encode_prompts(prompts, tokenizer) -> list[tuple[str, list[int]]]:
-    """(id, token ids) per prompt, through the target's chat template."""
+    """(id, token ids) per prompt, through the target's chat template; a prompt with a schema gets
+    `GrammarPrompt` ids, which engine arms decode under that schema."""
     from engine.text import apply_chat_template
 
-    return [(p.id, list(apply_chat_template(tokenizer, list(p.messages)))) for p in prompts]
+    def encode(p) -> list[int]:
+        ids = list(apply_chat_template(tokenizer, list(p.messages)))
+        return ids if p.schema is None else GrammarPrompt(ids, p.schema)
+
+    return [(p.id, encode(p)) for p in prompts]
 
 
 def apple_silicon_prediction(model: dict, curve) -> dict:
@@ -66,6 +71,9 @@ def time_arms(arms: list, prompts: list[tuple[str, object]], plan: BenchPlan, pr
 def summarize(records: list[dict], arms: list, curves: dict, kinds: dict[str, str] | None) -> dict:
     """The summary of `summary.summarize`, plus per-workload rows when the prompts' kinds are known."""
     summ = summary.summarize(records, arms, curves)
+    grammar = structured.summarize_grammar(records, [a.name for a in arms])
+    if grammar:
+        summ["grammar"] = grammar
     if kinds:
         summ["workloads"] = workloads.summarize_workloads(records, kinds, [a.name for a in arms])
     return summ

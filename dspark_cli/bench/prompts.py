@@ -16,6 +16,8 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "bench" / "prom
 # The copy-heavy workloads (code edits, quoting, rewrites, revisions, open chat) of issue 24, built
 # by scripts/make_bench_workloads.py from stdlib sources and Python docs.
 DEFAULT_WORKLOADS = DEFAULT_PROMPTS.with_name("workloads-v1.jsonl")
+# Questions answered in JSON under a schema each (`dspark bench --structured`): records also hold "schema".
+DEFAULT_STRUCTURED = DEFAULT_PROMPTS.with_name("structured-v1.jsonl")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class BenchPrompt:
     id: str
     kind: str
     messages: tuple[dict, ...]
+    schema: dict | None = None  # the JSON schema the answer must match (structured-output sets)
 
 
 def load_prompts(path: Path = DEFAULT_PROMPTS, per_kind: int | None = None) -> tuple[list[BenchPrompt], dict]:
@@ -33,7 +36,7 @@ def load_prompts(path: Path = DEFAULT_PROMPTS, per_kind: int | None = None) -> t
     records = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
     by_kind: dict[str, list[BenchPrompt]] = {}
     for r in records:
-        by_kind.setdefault(r["kind"], []).append(BenchPrompt(r["id"], r["kind"], tuple(r["messages"])))
+        by_kind.setdefault(r["kind"], []).append(BenchPrompt(r["id"], r["kind"], tuple(r["messages"]), r.get("schema")))
     chosen = [p[:per_kind] if per_kind else p for p in by_kind.values()]
     # Interleave kinds (chat-1, code-1, docs-1, chat-2, ...) so a partial run still covers all kinds.
     ordered = [group[i] for i in range(max(map(len, chosen), default=0)) for group in chosen if i < len(group)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dspark_cli.bench.structured import grammar_table
+
 
 def write_json(report: dict, out: Path) -> Path:
     """The full report, runs included, as JSON."""
@@ -150,8 +152,8 @@ def _workload_table(report: dict) -> list[str]:
 
 def write_markdown(report: dict, out: Path) -> Path:
     """A readable summary: setup, per-workload and per-arm tables, the model's predictions, per-prompt speeds."""
-    lines = (_header(report) + _workload_table(report) + _arm_table(report) + _model_tables(report)
-             + _prompt_table(report))
+    lines = (_header(report) + _workload_table(report) + _arm_table(report) + grammar_table(report)
+             + _model_tables(report) + _prompt_table(report))
     lines += [f"![{p}]({p})" for p in report.get("plots", [])]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -10,6 +10,7 @@ from server.body import ignored
 from server.deps import AppStateDep, ChatBody
 from server.openapi import error_responses, ok_response, request_body
 from server.prompt import render_chat
+from server.structured import chat_grammar
 
 router = APIRouter(tags=["chat"])
 
@@ -34,7 +35,7 @@ async def create_chat_completion(request: Request, body: ChatBody, app_state: Ap
     request_id = convert.new_id("chatcmpl")
     fmt = convert.ChatFormatter(request_id, model, body.include_usage, spec, logprobs=body.num_logprobs is not None)
     gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
-                                     logprobs=body.num_logprobs)
+                                     logprobs=body.num_logprobs, grammar=chat_grammar(body, spec))
     active = generation.start(app_state, engine, gen, endpoint="chat")
     headers = app_state.ignored_headers(ignored(request))
     return await generation.respond(app_state, active, fmt, request, stream=bool(body.stream), headers=headers)

@@ -10,6 +10,7 @@ from server.body import ignored
 from server.deps import AppStateDep, CompletionBody
 from server.openapi import error_responses, ok_response, request_body
 from server.prompt import render_text
+from server.structured import format_grammar
 
 router = APIRouter(tags=["completions"])
 
@@ -32,7 +33,7 @@ async def create_completion(request: Request, body: CompletionBody, app_state: A
     request_id = convert.new_id("cmpl")
     fmt = convert.CompletionFormatter(request_id, model, body.include_usage, logprobs=body.num_logprobs is not None)
     gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
-                                     logprobs=body.num_logprobs)
+                                     logprobs=body.num_logprobs, grammar=format_grammar(body))
     active = generation.start(app_state, engine, gen, endpoint="completions")
     headers = app_state.ignored_headers(ignored(request))
     return await generation.respond(app_state, active, fmt, request, stream=bool(body.stream), headers=headers)

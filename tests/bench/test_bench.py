@@ -145,3 +145,44 @@ def test_baseline_only_report_writes_and_claims_no_plots(bench_run, tmp_path):
     assert baseline_only["plots"] == [] and not list(out.glob("*.png"))
     message = wrote_message(out, baseline_only["plots"])
     assert "no plots" in message and ".png" not in message
+
+
+def test_structured_arm_reports_the_grammar_cost(default_target, tmp_path):
+    """`--structured`: SmolLM2 answers the JSON-schema set under its schemas in baseline and lookup;
+    the report gets a grammar table (mask rows per round, time per row, share of decode time)."""
+    from dspark_cli.bench import _plan
+    from dspark_cli.bench.prompts import DEFAULT_STRUCTURED
+    from dspark_cli.main import build_parser
+    from engine.lookup import LookupConfig, LookupDrafter
+    from engine.models.target import Target
+    from engine.runtime import eos_ids
+    from engine.scheduler import CostCurve
+
+    args = build_parser().parse_args(["bench", "--structured", "--modes", "lookup"])
+    assert _plan(args).mlx_lm is False
+    with pytest.raises(SystemExit):
+        _plan(build_parser().parse_args(["bench", "--structured", "--server"]))
+    model, tok = default_target
+    prompts, meta = load_prompts(DEFAULT_STRUCTURED, per_kind=2)
+    assert meta["file"] == "structured-v1.jsonl" and all(p.schema for p in prompts)
+    curve = CostCurve(verify_s=[1.0, 1.2, 1.3, 1.4], draft_fixed_s=0.0, draft_per_token_s=0.0)
+
+    def runtime(drafter, mode):
+        info = EngineInfo(model_id="smollm2", model_path="-", mode=mode, drafter=None, cap=None if drafter is None else 3,
+                          context_length=8192, sampler="rejection")
+        return Runtime(Target(model), drafter, tok, info, eos_ids(tok), SpecConfig(mode=mode, max_draft=3),
+                       None if drafter is None else curve, None if drafter is None else 3)
+
+    lookup = runtime(LookupDrafter(LookupConfig(min_ngram=1, max_ngram=3, max_drafts=3)), "lookup")
+    plan = BenchPlan(max_tokens=24, repeats=1, warmup_tokens=2, caps=(3,), mlx_lm=False)
+    records, summ, _ = core.measure(runtime(None, "baseline"), {"lookup": lookup}, core.encode_prompts(prompts, tok), plan)
+    grammar = summ["grammar"]
+    assert set(grammar) == {"baseline", "lookup@3", "lookup@auto"}
+    for row in grammar.values():
+        assert row["runs"] == 2 and row["masks_per_round"] >= 1 and row["us_per_mask"] > 0, row
+        assert 0 < row["share_of_decode"] < 1
+    env = {"device": "cpu", "platform": "test", "cores": 2, "mlx": "x", "blas": "test", "sgemm_gflops": 1.0}
+    rep = core.build_report(records, summ, {"lookup": lookup}, plan=plan, environment=env, target="smollm2",
+                            command="dspark bench --structured", skipped=[], prompt_meta=meta)
+    text = (write_all(rep, tmp_path) / "report.md").read_text()
+    assert "## Grammar masks" in text and "| lookup@3 |" in text

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.anyio
 
 MSG = [{"role": "user", "content": "hi"}]
 BAD = "invalid_request_error"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -68,17 +69,27 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None, str | None]] = [
      "tools[0].type", "invalid_value"),
     ("tool-without-name", "POST", CHAT, chat(tools=[{"type": "function", "function": {}}]), 400, BAD,
      "tools[0].function.name", "missing_required_parameter"),
-    ("tool-choice-required", "POST", CHAT, chat(tool_choice="required"), 400, BAD, "tool_choice",
-     "unsupported_parameter"),
-    ("tool-choice-named", "POST", CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, BAD,
-     "tool_choice", "unsupported_parameter"),
+    ("tool-choice-required-no-tools", "POST", CHAT, chat(tool_choice="required"), 400, BAD, "tool_choice",
+     "invalid_value"),
+    ("tool-choice-named-unknown", "POST", CHAT, chat(tools=TOOLS, tool_choice={"type": "function", "function": {
+        "name": "f"}}), 400, BAD, "tool_choice", "invalid_value"),
+    ("tool-choice-named-no-name", "POST", CHAT, chat(tools=TOOLS, tool_choice={"type": "function"}), 400, BAD,
+     "tool_choice", "invalid_value"),
+    ("function-call-required", "POST", CHAT, chat(functions=[TOOLS[0]["function"]], function_call="required"), 400,
+     BAD, "function_call", "invalid_value"),
     ("tool-choice-bad", "POST", CHAT, chat(tool_choice="sometimes"), 400, BAD, "tool_choice", "invalid_value"),
-    ("response-format-json", "POST", CHAT, chat(response_format={"type": "json_object"}), 400, BAD,
-     "response_format", "unsupported_parameter"),
+    ("response-format-type", "POST", CHAT, chat(response_format={"type": "xml"}), 400, BAD, "response_format",
+     "invalid_value"),
+    ("response-format-schema-not-object", "POST", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": 5}}), 400, BAD, "response_format", "invalid_value"),
+    ("response-format-unenforceable", "POST", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}), 400, BAD, "response_format",
+     "invalid_request"),
+    ("response-format-bad-regex", "POST", COMPLETIONS, {"model": "fake-model", "prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(?<=a)b"}}}}, 400, BAD,
+     "response_format", "invalid_request"),
     ("audio-output", "POST", CHAT, chat(modalities=["text", "audio"]), 400, BAD, "modalities",
      "unsupported_parameter"),
-    ("response-format-schema", "POST", CHAT, chat(response_format={"type": "json_schema", "json_schema": {}}), 400,
-     BAD, "response_format", "unsupported_parameter"),
     ("top-logprobs-range", "POST", CHAT, chat(logprobs=True, top_logprobs=21), 400, BAD, "top_logprobs",
      "invalid_value"),
     ("logit-bias-key", "POST", CHAT, chat(logit_bias={"the": 5}), 400, BAD, "logit_bias", "invalid_value"),

@@ -72,8 +72,11 @@ def test_refusals_are_schema_rules():
     """What the server refuses is written as JSON Schema, not only in descriptions."""
     chat, text = (_components()[name]["properties"] for name in ("ChatCompletionRequest", "CompletionRequest"))
     assert chat["n"]["enum"] == [1, None] and text["best_of"]["enum"] == [1, None]
-    assert chat["tool_choice"]["enum"] == ["none", "auto", None] and chat["function_call"]["enum"] == ["none", "auto", None]
-    assert _branches(chat["response_format"])[0]["properties"]["type"]["enum"] == ["text", None]
+    assert _branches(chat["tool_choice"])[0]["enum"] == ["none", "auto", "required", None]
+    assert _branches(chat["function_call"])[0]["enum"] == ["none", "auto", None]
+    for body in (chat, text):
+        assert _branches(body["response_format"])[0]["properties"]["type"]["enum"] == ["text", "json_object",
+                                                                                         "json_schema"]
     assert chat["audio"]["type"] == "null"
     assert text["echo"]["enum"] == [False, None] and text["suffix"]["type"] == "null"
     stop = {b.get("type"): b for b in _branches(chat["stop"])}
