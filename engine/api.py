@@ -197,7 +197,7 @@ class SpecStats:
     generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
     round_tokens: int = 0  # tokens committed by rounds (excludes the prefill token)
     grammar_masks: int = 0  # grammar mask rows computed (drafts, verify rows, plain steps); 0: no grammar
-    time_grammar_s: float = 0.0  # computing them (inside the draft/verify/accept times above)
+    time_grammar_s: float = 0.0  # computing them and advancing the matcher (inside the times above)
     by_kind: dict[str, KindStats] = field(default_factory=dict)  # drafter kind -> its rounds and drafts
 
     @property
@@ -279,6 +279,7 @@ class Finished:
     usage: Usage
     stats: SpecStats
     text: str = ""  # any text released at the end (held-back bytes, flushed stop candidates)
+    stop_sequence: str | None = None  # the stop string that ended the text (reason "stop"), if one did
 
 
 @dataclass

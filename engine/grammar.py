@@ -6,7 +6,7 @@ text), builds llguidance's view of our tokenizer once per runtime, and turns the
 into boolean rows over the model's vocabulary for `engine/processors.py`, which masks every row a
 distribution is formed from (drafts, verify rows, plain steps), each with the grammar state plain
 constrained decoding would have at that position. That is what keeps speculative decoding exact
-under a grammar (docs/method.md §5.8).
+under a grammar (docs/method.md §5.7).
 
 The matcher only ever holds committed tokens: masks for positions further ahead (drafts, verify
 rows) advance it along the uncommitted tokens and roll it back before returning.
@@ -59,12 +59,24 @@ def _first_line(message: object) -> str:
 def grammar_tokenizer(tokenizer, vocab: int, eos_ids: Sequence[int]) -> llguidance.LLTokenizer:
     """llguidance's view of a Hugging Face fast tokenizer (or mlx-lm's wrapper of one): every token's
     bytes, with `eos_ids` as the tokens a finished grammar allows. Takes about a second: build once."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None:
+    text = _tokenizer_json(tokenizer)
+    if text is None:
         raise EngineInputError("Structured output needs a fast (Rust) tokenizer, which this model does not "
                                "have.", param="response_format")
-    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab, eos_token=sorted(eos_ids))
+    return llguidance.LLTokenizer(text, n_vocab=vocab, eos_token=sorted(eos_ids))
+
+
+def _tokenizer_json(tokenizer) -> str | None:
+    """The `tokenizers` JSON of an mlx-lm wrapper, a transformers fast tokenizer or a `tokenizers`
+    Tokenizer (each wraps the next in its `_tokenizer` or `backend_tokenizer`); None if none is fast."""
+    seen = 0
+    while tokenizer is not None and seen < 4:
+        if type(tokenizer).__module__.startswith("tokenizers"):
+            return tokenizer.to_str()
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        tokenizer = backend if backend is not None else getattr(tokenizer, "_tokenizer", None)
+        seen += 1
+    return None
 
 
 @dataclass(frozen=True)
@@ -90,15 +102,22 @@ class GrammarMatcher:
             raise EngineInputError(f"The grammar cannot be served: {self._matcher.get_error()}")
         self._words = (compiled.tokenizer.vocab_size + 31) // 32  # int32 words per bitmask row
         self._eos = frozenset(compiled.tokenizer.eos_tokens)
+        # Token t's bit is bit t % 32 of word t // 32; a logit column past the tokenizer's words reads
+        # the zero word appended at index W (never allowed).
+        ids = np.arange(self.vocab)
+        self._word = mx.array(np.minimum(ids >> 5, self._words))  # [V]
+        self._bit = mx.array((ids & 31).astype(np.uint32))  # [V]
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance past committed tokens (each was drawn from a masked row, so the grammar allows it).
 
         An end token ends the output, so nothing after it matters and it is not fed to the matcher
         (llguidance refuses it once the grammar has stopped, though its mask allowed it)."""
+        t0 = time.perf_counter()
         tokens = self._before_end(tokens)
         if tokens and not self._matcher.consume_tokens(tokens):
             raise RuntimeError(f"grammar matcher refused committed tokens: {self._matcher.get_error()}")
+        self._count(0, t0)
 
     def allowed(self, ahead: Sequence[int] = ()) -> mx.array:
         """Allowed tokens [V] bool after the committed tokens plus `ahead` (uncommitted drafts, each
@@ -134,16 +153,19 @@ class GrammarMatcher:
         return tokens[:end]
 
     def _unpack(self, bits: np.ndarray, t0: float) -> mx.array:
-        """Bitmask rows [r, W] int32 (bit t % 32 of word t // 32 allows token t) as [r, V] bool; the
-        time since `t0` and the rows are counted into the request's stats."""
-        flags = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")  # [r, 32 W]
-        if flags.shape[1] < self.vocab:  # logit columns the tokenizer has no token for: never allowed
-            flags = np.pad(flags, ((0, 0), (0, self.vocab - flags.shape[1])))
-        allowed = mx.array(flags[:, : self.vocab].astype(np.bool_))
-        if self._stats is not None:
-            self._stats.grammar_masks += bits.shape[0]
-            self._stats.time_grammar_s += time.perf_counter() - t0
+        """Bitmask rows [r, W] int32 as [r, V] bool, expanded lazily inside the MLX graph (so it runs
+        with the forward it masks, not here); the rows and the time since `t0` are counted."""
+        padded = np.zeros((bits.shape[0], self._words + 1), dtype=np.uint32)  # [r, W + 1]
+        padded[:, : self._words] = bits.view(np.uint32)
+        allowed = ((mx.array(padded)[:, self._word] >> self._bit) & 1).astype(mx.bool_)  # [r, V]
+        self._count(bits.shape[0], t0)
         return allowed
+
+    def _count(self, rows: int, t0: float) -> None:
+        """Add mask rows and the matcher time since `t0` to the request's stats."""
+        if self._stats is not None:
+            self._stats.grammar_masks += rows
+            self._stats.time_grammar_s += time.perf_counter() - t0
 
 
 def mask_logits(logits: mx.array, allowed: mx.array) -> mx.array:

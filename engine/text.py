@@ -125,6 +125,7 @@ class StopMatcher:
         self._max_len = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self._stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     @property
     def stopped(self) -> bool:
@@ -161,8 +162,14 @@ class StopMatcher:
         return buf
 
     def _earliest_match(self, buf: str) -> int | None:
-        found = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        return min(found, default=None)
+        """Where the earliest stop string starts in `buf` (None: nowhere); remembers which one it is
+        (the first listed, when several start there)."""
+        found = [(i, n) for n, i in enumerate(buf.find(s) for s in self._stops) if i >= 0]
+        if not found:
+            return None
+        start, which = min(found)
+        self.matched = self._stops[which]
+        return start
 
     def _earliest_pending(self, buf: str) -> int:
         """Start of the longest suffix of `buf` that is a proper prefix of a stop, else len(buf)."""

@@ -15,6 +15,8 @@ from typing import Any
 
 from engine.api import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenEvent, TokenLogprob
 from server import logprobs as lp
+from server import sse
+from server.errors import APIError
 from server.outputs.events import Content, Reasoning, ToolCallArgs, ToolCallStart
 from server.outputs.pipeline import accumulate, make_parser, merge
 from server.prompt import OutputSpec
@@ -84,6 +86,13 @@ def usage(finished: Finished, reasoning_tokens: int | None = None) -> Usage:
 
 class ChatFormatter:
     """Chat completion objects for one request."""
+
+    framing = sse.DATA_ONLY
+
+    @staticmethod
+    def error_body(error: APIError) -> dict[str, Any]:
+        """An error after the stream started: OpenAI's error object."""
+        return error.body()
 
     def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec,
                  logprobs: bool = False) -> None:
@@ -223,6 +232,13 @@ def _without_none(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 class CompletionFormatter:
     """Text completion objects for one request (no role chunk in this API)."""
+
+    framing = sse.DATA_ONLY
+
+    @staticmethod
+    def error_body(error: APIError) -> dict[str, Any]:
+        """An error after the stream started: OpenAI's error object."""
+        return error.body()
 
     def __init__(self, request_id: str, model: str, include_usage: bool, logprobs: bool = False) -> None:
         self.id, self.model, self.include_usage = request_id, model, include_usage

@@ -32,7 +32,9 @@ class ClientGone(Exception):
 
 
 class Formatter(Protocol):
-    """Builds the OpenAI objects of one request (see server.convert)."""
+    """Builds the API objects of one request (see server.convert), framed by `framing`."""
+
+    framing: sse.Framing
 
     def opening(self) -> list[dict[str, Any]]: ...
 
@@ -41,6 +43,8 @@ class Formatter(Protocol):
     def closing(self, finished: Finished) -> list[dict[str, Any]]: ...
 
     def response(self, events: list[TokenEvent], finished: Finished) -> dict[str, Any]: ...
+
+    def error_body(self, error: APIError) -> dict[str, Any]: ...
 
 
 class ActiveRequest:
@@ -116,9 +120,10 @@ async def respond(app_state: AppState, active: ActiveRequest, fmt: Formatter, re
 async def stream_frames(active: ActiveRequest, fmt: Formatter, keepalive_s: float) -> AsyncIterator[str]:
     """SSE frames: opening chunks, deltas, closing chunks and [DONE]; keep-alives when idle."""
     outcome = metrics.CANCELLED
+    frame = fmt.framing.event
     try:
         for chunk in fmt.opening():
-            yield sse.data(chunk)
+            yield frame(chunk)
         last_write = time.monotonic()
         while True:
             event = await active.next(max(last_write + keepalive_s - time.monotonic(), 0.0))
@@ -129,17 +134,18 @@ async def stream_frames(active: ActiveRequest, fmt: Formatter, keepalive_s: floa
                 if not chunks:
                     continue
                 for chunk in chunks:
-                    yield sse.data(chunk)
+                    yield frame(chunk)
             else:
                 for chunk in fmt.closing(event):
-                    yield sse.data(chunk)
-                yield sse.DONE
+                    yield frame(chunk)
+                if fmt.framing.end is not None:
+                    yield fmt.framing.end
                 outcome = metrics.OK
                 return
             last_write = time.monotonic()
     except Exception as exc:  # after the headers went out an error is one event, then close
         error, outcome = _late_error(exc)
-        yield sse.data(error.body())
+        yield frame(fmt.error_body(error))
     finally:
         active.close(outcome)
 

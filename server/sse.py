@@ -1,12 +1,16 @@
-"""Server-sent events framing as OpenAI sends it, and a response that stops on client disconnect.
+"""Server-sent events framing, and a response that stops on client disconnect.
 
-Frames: `data: {json}\\n\\n` per chunk, `data: [DONE]\\n\\n` at the end, `data: {"error": ...}\\n\\n`
-(then close, no [DONE]) for an error after the stream started, and `: comment\\n\\n` keep-alives.
+Chat and text completions frame as OpenAI does (`DATA_ONLY`): `data: {json}\\n\\n` per chunk,
+`data: [DONE]\\n\\n` at the end, `data: {"error": ...}\\n\\n` (then close, no [DONE]) for an
+error after the stream started. Anthropic's Messages and OpenAI's Responses streams name each event
+(`NAMED`): `event: <its "type">\\ndata: {json}\\n\\n`, and nothing after the last event. Both
+send `: comment\\n\\n` keep-alives.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import Any
 
@@ -22,6 +26,23 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def data(payload: dict[str, Any]) -> str:
     """One `data:` event carrying a JSON object."""
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def named(payload: dict[str, Any]) -> str:
+    """One event named by the payload's "type" (Anthropic Messages, OpenAI Responses)."""
+    return f"event: {payload['type']}\n{data(payload)}"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How one API frames its stream: each event, the closing frame (if any)."""
+
+    event: Callable[[dict[str, Any]], str]
+    end: str | None
+
+
+DATA_ONLY = Framing(event=data, end=DONE)
+NAMED = Framing(event=named, end=None)
 
 
 def comment(text: str) -> str:

@@ -1,9 +1,9 @@
 """The structured-output arm's numbers (`dspark bench --structured`): what the grammar costs a round.
 
-Every engine run under a schema counts the grammar mask rows it computed and the time spent
-computing them (llguidance's matcher plus unpacking the bitmask into a boolean row; applying the
-row to the logits runs inside the MLX graph and is not separable). Per arm the medians over runs:
-mask rows per round, microseconds per row, and that time as a share of the decode time.
+Every engine run under a schema counts the grammar mask rows it computed and the time spent in
+llguidance (computing the masks and advancing the matcher past committed tokens; expanding a mask
+and applying it to the logits run inside the MLX graph and are not separable). Per arm the medians
+over runs: mask rows per round, that time per mask row, and its share of the decode time.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def grammar_table(report: dict) -> list[str]:
     if not grammar:
         return []
     lines = ["## Grammar masks (medians over runs)", "",
-             "Time computing each row's allowed-token mask (llguidance + unpacking), per mask row and as a "
-             "share of decode time. A round computes one row per draft it samples and one per verify row.", "",
+             "Time in llguidance (computing each row's allowed-token mask and advancing past committed "
+             "tokens), per mask row and as a share of decode time. A round computes one row per draft it "
+             "samples and one per verify row.", "",
              "| arm | runs | mask rows per round | us per mask row | share of decode time |", "|" + "---|" * 5]
     for name, g in grammar.items():
         lines.append(f"| {name} | {g['runs']} | {g['masks_per_round']:.2f} | {g['us_per_mask']:.0f} | "
