@@ -18,8 +18,9 @@ from starlette.middleware.cors import CORSMiddleware
 from engine.api import EngineInfo
 from server import errors, metrics, openapi
 from server.errors import APIError
-from server.middleware import ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
-from server.routes import chat, completions, health, models
+from server.messages.format import error_envelope
+from server.middleware import AnthropicErrorMiddleware, ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
+from server.routes import chat, completions, health, messages, models
 from server.runtime import AppState, EngineLike
 from server.settings import ServerSettings
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ReadyHook = Callable[[EngineInfo], None]
 
-GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages"}
 
 # Request headers a browser may send cross-origin (named: Starlette does not take wildcards such as
 # X-Stainless-*): the OpenAI JS SDK's, and the Anthropic SDK's for clients that share one config.
@@ -43,7 +44,7 @@ CORS_EXPOSED_HEADERS = ("Retry-After", "X-Dspark-Ignored")
 
 DESCRIPTION = (
     "OpenAI-compatible server with lossless speculative decoding (DSpark, DFlash) on MLX. "
-    "Errors are OpenAI-shaped. Fields the server does not model are ignored and listed in X-Dspark-Ignored "
+    "Errors are OpenAI-shaped (Anthropic-shaped on /v1/messages). Fields the server does not model are ignored and listed in X-Dspark-Ignored "
     "(refused under --strict-params); what would be served wrongly gets a 400 naming the field."
 )
 
@@ -57,7 +58,7 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
                   lifespan=_make_lifespan(app_state, owns_engine=engine is None, on_ready=on_ready))
     app.state.app_state = app_state
     errors.install(app, on_error=lambda request, exc: _count_refusal(app_state, request, exc))
-    for module in (chat, completions, models, health):
+    for module in (chat, completions, messages, models, health):
         app.include_router(module.router)
     _add_middleware(app, settings)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
@@ -71,6 +72,8 @@ def _add_middleware(app: FastAPI, settings: ServerSettings) -> None:
     if settings.allowed_origins:  # outside the key check: preflights and 401s carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET", "POST"],
                            allow_headers=list(CORS_REQUEST_HEADERS), expose_headers=list(CORS_EXPOSED_HEADERS))
+    # Around the API key's 401 too, so Anthropic clients read every refusal on their paths.
+    app.add_middleware(AnthropicErrorMiddleware, prefix="/v1/messages", envelope=error_envelope)
     hosts = guarded_hosts(settings.host, settings.allowed_hosts)
     if hosts is not None:  # outermost: a rebinding page gets no answer at all, preflights included
         app.add_middleware(HostGuardMiddleware, allowed=hosts)

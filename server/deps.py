@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.body import body_of
+from server.messages.protocol import CountTokensRequest, MessagesRequest
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.runtime import AppState
 
@@ -28,3 +29,5 @@ def _strict(request: Request) -> bool:
 AppStateDep = Annotated[AppState, Depends(get_app_state)]
 ChatBody = Annotated[ChatCompletionRequest, Depends(body_of(ChatCompletionRequest, _body_limit, _strict))]
 CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest, _body_limit, _strict))]
+MessagesBody = Annotated[MessagesRequest, Depends(body_of(MessagesRequest, _body_limit, _strict))]
+CountTokensBody = Annotated[CountTokensRequest, Depends(body_of(CountTokensRequest, _body_limit, _strict))]

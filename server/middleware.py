@@ -1,9 +1,11 @@
-"""Bearer API-key check and DNS-rebinding guard, as pure ASGI middleware so streams pass through untouched."""
+"""API-key check, DNS-rebinding guard and Anthropic error envelopes, as pure ASGI middleware so
+streams pass through untouched."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -13,11 +15,12 @@ from server.errors import APIError
 OPEN_PATHS = frozenset({"/health"})
 
 _MISSING = ("You didn't provide an API key. Send it in an Authorization header using Bearer auth "
-            "(Authorization: Bearer YOUR_KEY).")
+            "(Authorization: Bearer YOUR_KEY), or in an x-api-key header.")
 
 
 class ApiKeyMiddleware:
-    """401 (OpenAI-shaped) on every path but /health unless `Authorization: Bearer <key>` matches."""
+    """401 on every path but /health unless `Authorization: Bearer <key>` or (Anthropic's clients)
+    `x-api-key: <key>` matches."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -27,16 +30,19 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        error = self._check(dict(scope["headers"]).get(b"authorization"))
+        headers = dict(scope["headers"])
+        error = self._check(headers.get(b"authorization"), headers.get(b"x-api-key"))
         if error is None:
             await self.app(scope, receive, send)
             return
         await error.response()(scope, receive, send)
 
-    def _check(self, header: bytes | None) -> APIError | None:
+    def _check(self, header: bytes | None, api_key: bytes | None) -> APIError | None:
         """None when authorized, else the 401 to send."""
         scheme, _, token = (header or b"").partition(b" ")
-        if not header or scheme.lower() != b"bearer" or not token.strip():
+        if (not header or scheme.lower() != b"bearer" or not token.strip()) and api_key:
+            scheme, token = b"bearer", api_key
+        if scheme.lower() != b"bearer" or not token.strip():
             return _unauthorized(_MISSING)
         if not hmac.compare_digest(token.strip(), self._key):
             return _unauthorized("Incorrect API key provided.")
@@ -122,3 +128,47 @@ def _host_not_allowed(name: str) -> APIError:
                          f"or a name given with --allowed-hosts (DNS-rebinding protection). To allow it, start the "
                          f"server with --allowed-hosts {flag} (or DSPARK_ALLOWED_HOSTS={flag}).",
                     code="host_not_allowed")
+
+
+class AnthropicErrorMiddleware:
+    """On the Messages API's paths, JSON error responses (from any layer: body validation, the API
+    key, routing, admission) are rewritten into Anthropic's envelope
+    `{"type": "error", "error": {"type", "message"}}`; everything else passes through untouched."""
+
+    def __init__(self, app: ASGIApp, prefix: str, envelope) -> None:
+        self.app, self._prefix, self._envelope = app, prefix, envelope
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self._prefix):
+            await self.app(scope, receive, send)
+            return
+        start: dict | None = None
+        body = b""
+
+        async def rewriting(message: dict) -> None:
+            nonlocal start, body
+            if message["type"] == "http.response.start" and message["status"] >= 400 and _is_json(message):
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                await self._send_rewritten(send, start, body)
+
+        await self.app(scope, receive, rewriting)
+
+    async def _send_rewritten(self, send: Send, start: dict, body: bytes) -> None:
+        try:
+            error = json.loads(body)["error"]
+            body = json.dumps(self._envelope(start["status"], error["message"])).encode()
+        except (ValueError, KeyError, TypeError):
+            pass  # not an error object: sent as it was
+        headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+        await send({**start, "headers": headers + [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _is_json(start: dict) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"application/json") for k, v in start["headers"])

@@ -94,7 +94,7 @@ JSONMODE_INST = {
     "model": "smollm2",
     "ok": True,
     "n": [1, 2.5, -3e2, None],
-    "meta": {"user": "bob", "scores": {"a": 0.1, "b": [True, False]}, "text": "line\nbreak \"quoted\""},
+    "meta": {"user": "bob", "scores": {"a": 0.1, "b": [True, False]}, "text": 'line\nbreak "quoted"'},
     "empty": {},
     "list": [],
 }
@@ -111,30 +111,60 @@ COVERAGE = [
     ("const", {"const": "fixed"}, "fixed", "other"),
     ("anyOf", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "x", True),
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "boolean"}]}, True, "s"),
-    ("$ref/$defs recursion", {
-        "$defs": {"node": {"type": "object", "properties": {
-            "v": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-            "required": ["v"], "additionalProperties": False}},
-        "$ref": "#/$defs/node"},
-        {"v": 1, "children": [{"v": 2, "children": [{"v": 3}]}]}, {"v": 1, "children": [{"w": 2}]}),
+    (
+        "$ref/$defs recursion",
+        {
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {
+                        "v": {"type": "integer"},
+                        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                    },
+                    "required": ["v"],
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/$defs/node",
+        },
+        {"v": 1, "children": [{"v": 2, "children": [{"v": 3}]}]},
+        {"v": 1, "children": [{"w": 2}]},
+    ),
     ("pattern", {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}, "ABC-12", "abc-12"),
     ("format: date-time", {"type": "string", "format": "date-time"}, "2024-05-01T12:30:00Z", "yesterday"),
     ("minimum/maximum", {"type": "integer", "minimum": 1, "maximum": 10}, 7, 11),
-    ("additionalProperties: false", {"type": "object", "properties": {"a": {"type": "integer"}},
-                                     "additionalProperties": False}, {"a": 1}, {"a": 1, "b": 2}),
+    (
+        "additionalProperties: false",
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        {"a": 1},
+        {"a": 1, "b": 2},
+    ),
     ("minLength/maxLength", {"type": "string", "minLength": 3, "maxLength": 5}, "abcd", "ab"),
     ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 2], [1, 1]),
     ("not", {"not": {"type": "string"}}, 1, "s"),
-    ("if/then", {"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
-                 "if": {"properties": {"kind": {"const": "num"}}}, "then": {"required": ["n"]}},
-     {"kind": "num", "n": 1}, {"kind": "num"}),
+    (
+        "if/then",
+        {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "num"}}},
+            "then": {"required": ["n"]},
+        },
+        {"kind": "num", "n": 1},
+        {"kind": "num"},
+    ),
 ]
 
 
 def stats_us(ns: list[int]) -> dict:
     a = np.array(ns, dtype=np.float64) / 1000.0
-    return {"n": len(a), "median_us": float(np.median(a)), "p90_us": float(np.percentile(a, 90)),
-            "max_us": float(a.max()), "total_ms": float(a.sum() / 1000.0)}
+    return {
+        "n": len(a),
+        "median_us": float(np.median(a)),
+        "p90_us": float(np.percentile(a, 90)),
+        "max_us": float(a.max()),
+        "total_ms": float(a.sum() / 1000.0),
+    }
 
 
 def allowed(mask: np.ndarray, t: int) -> bool:
@@ -152,6 +182,7 @@ class LLG:
     def __init__(self, tok_json: str):
         import llguidance
         import llguidance.numpy as lnp
+
         self.llg, self.lnp = llguidance, lnp
         self.version = _dist_version("llguidance")
         t0 = time.perf_counter_ns()
@@ -205,6 +236,7 @@ class XGR:
         import xgr_shim  # noqa: F401  (stub torch/transformers)
         import xgrammar as xgr
         from tokenizers import Tokenizer
+
         self.xgr = xgr
         self.version = _dist_version("xgrammar")
         t0 = time.perf_counter_ns()
@@ -243,6 +275,7 @@ class XGR:
 
     def coverage_compile(self, schema):
         import warnings
+
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             try:
@@ -254,6 +287,7 @@ class XGR:
 
 def _dist_version(name: str) -> str:
     from importlib.metadata import version
+
     return version(name)
 
 
@@ -287,7 +321,7 @@ def rollback_check(lib, g, tokens, k=5, step=3):
     for p in range(len(tokens)):
         if p % step == 0 and p + k <= len(tokens):
             lib.fill(m, bm_a)
-            for t in tokens[p:p + k]:
+            for t in tokens[p : p + k]:
                 assert lib.consume(m, t)
             t0 = time.perf_counter_ns()
             lib.rollback(m, k)
@@ -301,15 +335,26 @@ def rollback_check(lib, g, tokens, k=5, step=3):
 
 def run_lib(which: str) -> dict:
     from tokenizers import Tokenizer
+
     tok_json = open(TOK_PATH).read()
     hf = Tokenizer.from_str(tok_json)
-    specials = [i for i in range(N_VOCAB) if hf.id_to_token(i).startswith("<") and
-                hf.id_to_token(i) in {a.content for a in hf.get_added_tokens_decoder().values()} and i not in EOS]
+    specials = [
+        i
+        for i in range(N_VOCAB)
+        if hf.id_to_token(i).startswith("<")
+        and hf.id_to_token(i) in {a.content for a in hf.get_added_tokens_decoder().values()}
+        and i not in EOS
+    ]
     t_import = time.perf_counter_ns()
     lib = LLG(tok_json) if which == "llg" else XGR(tok_json)
-    out = {"lib": lib.name, "version": lib.version, "tok_init_ms": lib.tok_init_ns / 1e6,
-           "compiler_init_ms": lib.compiler_init_ns / 1e6,
-           "import_plus_init_ms": (time.perf_counter_ns() - t_import) / 1e6, "workloads": {}}
+    out = {
+        "lib": lib.name,
+        "version": lib.version,
+        "tok_init_ms": lib.tok_init_ns / 1e6,
+        "compiler_init_ms": lib.compiler_init_ns / 1e6,
+        "import_plus_init_ms": (time.perf_counter_ns() - t_import) / 1e6,
+        "workloads": {},
+    }
     for name, schema, inst in WORKLOADS:
         text = json.dumps(inst)
         tokens = hf.encode(text, add_special_tokens=False).ids
@@ -329,13 +374,18 @@ def run_lib(which: str) -> dict:
             bad += bad2
             sp = max(sp, sp2)
         out["workloads"][name] = {
-            "n_tokens": len(tokens), "text_chars": len(text),
-            "compile_cold_ms": cold_ns / 1e6, "compile_repeat_median_ms": statistics.median(rep) / 1e6,
+            "n_tokens": len(tokens),
+            "text_chars": len(text),
+            "compile_cold_ms": cold_ns / 1e6,
+            "compile_repeat_median_ms": statistics.median(rep) / 1e6,
             "first_mask_us": cold_times[0] / 1000,
-            "pass1": stats_us(cold_times), "warm": stats_us(warm),
-            "tokens_disallowed_by_mask": bad, "eos_allowed_at_end": eos_ok,
+            "pass1": stats_us(cold_times),
+            "warm": stats_us(warm),
+            "tokens_disallowed_by_mask": bad,
+            "eos_allowed_at_end": eos_ok,
             "max_non_eos_special_tokens_allowed": sp,
-            "allowed_count_median": int(np.median(n_allowed)), "allowed_count_max": int(max(n_allowed)),
+            "allowed_count_median": int(np.median(n_allowed)),
+            "allowed_count_max": int(max(n_allowed)),
             "rollback": rollback_check(lib, g, tokens),
         }
     cov = {}
@@ -357,6 +407,7 @@ def main():
         print(json.dumps(run_lib(sys.argv[2])))
         return
     import jsonschema
+
     for _, schema, inst in WORKLOADS:
         jsonschema.validate(inst, schema)
     for feat, schema, good, badv in COVERAGE:

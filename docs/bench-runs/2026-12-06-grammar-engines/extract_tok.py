@@ -1,8 +1,10 @@
-import sys, json
+import sys
+
 sys.path.insert(0, "/work/main")
 import mlx.core as mx
 from engine.loading.default_model import obtain_gguf
 from engine.loading.gguf_tokenizer import build_tokenizer
+
 gguf = obtain_gguf(print)
 _, meta = mx.load(str(gguf), return_metadata=True)
 tok, specials = build_tokenizer(meta)

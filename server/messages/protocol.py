@@ -1,0 +1,86 @@
+"""Anthropic Messages API request shapes (`POST /v1/messages`, `/v1/messages/count_tokens`).
+
+Only the request is modelled: the reply is built by `server.messages.format`. Content blocks stay
+plain dicts here and are read by `server.messages.convert`, which names the block it refuses. Types
+are strict as in server/protocol.py; unknown fields are ignored and reported (the tolerant policy).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.protocol import Int
+
+_CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class MessageParam(BaseModel):
+    """One turn: `user` or `assistant`, a string or a list of content blocks."""
+
+    model_config = _CONFIG
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class ToolParam(BaseModel):
+    """A client tool. Anthropic's server tools (`web_search_...`, `bash_...`, ...) carry a `type`."""
+
+    model_config = _CONFIG
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    type: str | None = Field(default=None, description='"custom" or absent; server tools are refused')
+
+
+class ThinkingParam(BaseModel):
+    """`thinking`: "disabled" switches the chat template's thinking off, any other type (enabled,
+    adaptive, between_tools) on; the budget is not enforced."""
+
+    model_config = _CONFIG
+    type: str
+    budget_tokens: Int | None = None
+
+
+class OutputConfig(BaseModel):
+    """`output_config`: `format` {"type": "json_schema", "schema"} is served as structured output;
+    `effort` is accepted and not used."""
+
+    model_config = _CONFIG
+    format: dict[str, Any] | None = None
+    effort: str | None = None
+
+
+class ToolChoiceParam(BaseModel):
+    """`tool_choice`: auto, any (a call is required), a named tool, or none."""
+
+    model_config = _CONFIG
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens body: a conversation without generation settings."""
+
+    model_config = _CONFIG
+    model: str | None = Field(default=None, description="default: the served model")
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """POST /v1/messages body."""
+
+    max_tokens: Int = Field(ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2, description="default 1.0; 0 is greedy")
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: Int | None = Field(default=None, ge=0)
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, max_length=64)
+    stream: bool | None = None
+    metadata: dict[str, Any] | None = Field(default=None, description="accepted, not used")
