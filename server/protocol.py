@@ -562,16 +562,6 @@ class CompletionRequest(GenerationFields):
         return self.max_tokens
 
     @property
-    def forced_tool_choice(self) -> str | None:
-        """The forced call: "required", the name of the function every answer must call, or None."""
-        for choice in (self.tool_choice, self.function_call):
-            if choice == "required":
-                return choice
-            if isinstance(choice, dict):
-                return forced_name(choice)
-        return None
-
-    @property
     def num_logprobs(self) -> int | None:
         """Alternatives per token when logprobs were asked for (None: off)."""
         return self.logprobs
