@@ -2,7 +2,7 @@
 VENV ?= .venv
 ARGS ?=
 
-.PHONY: bootstrap serve test doctor contract
+.PHONY: bootstrap serve test doctor contract lossless-prefix
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -23,3 +23,10 @@ CONTRACT_REAL_EXAMPLES ?= 60
 contract: bootstrap
 	HF_HUB_OFFLINE=1 DSPARK_CONTRACT_EXAMPLES=$(CONTRACT_EXAMPLES) DSPARK_CONTRACT_REAL_EXAMPLES=$(CONTRACT_REAL_EXAMPLES) \
 		$(VENV)/bin/python -m pytest -q -n 0 tests/server/test_contract.py $(ARGS)
+
+# The exact-distribution tests (controls included) with every prompt half-restored from the prefix
+# cache (tests/engine/conftest.py); about 10 minutes on one core.
+lossless-prefix: bootstrap
+	HF_HUB_OFFLINE=1 DSPARK_LOSSLESS_PREFIX=1 $(VENV)/bin/python -m pytest -q tests/engine/test_lossless.py \
+		tests/engine/test_lossless_lookup.py tests/engine/test_lossless_processors.py \
+		tests/engine/test_lossless_grammar.py tests/engine/test_hybrid_lossless.py $(ARGS)

@@ -163,3 +163,11 @@ async def test_agent_sized_prompt_gets_a_clear_context_error(client):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and "maximum context length" in error["message"]
+
+
+async def test_metrics_count_the_messages_endpoint(client):
+    await client.post(MESSAGES, json=body())
+    await client.post(MESSAGES, json=body(max_tokens=0))
+    text = (await client.get("/metrics")).text
+    assert 'dspark_requests_total{endpoint="messages",outcome="ok"} 1.0' in text
+    assert 'dspark_requests_total{endpoint="messages",outcome="invalid"} 1.0' in text
