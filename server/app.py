@@ -20,7 +20,7 @@ from server import errors, metrics, openapi
 from server.errors import APIError
 from server.messages.format import error_envelope
 from server.middleware import AnthropicErrorMiddleware, ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
-from server.routes import chat, completions, health, messages, models
+from server.routes import chat, completions, health, messages, models, responses
 from server.runtime import AppState, EngineLike
 from server.settings import ServerSettings
 
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 ReadyHook = Callable[[EngineInfo], None]
 
-GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages"}
+GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages",
+                        "/v1/responses": "responses"}
 
 # Request headers a browser may send cross-origin (named: Starlette does not take wildcards such as
 # X-Stainless-*): the OpenAI JS SDK's, and the Anthropic SDK's for clients that share one config.
@@ -58,7 +59,7 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
                   lifespan=_make_lifespan(app_state, owns_engine=engine is None, on_ready=on_ready))
     app.state.app_state = app_state
     errors.install(app, on_error=lambda request, exc: _count_refusal(app_state, request, exc))
-    for module in (chat, completions, messages, models, health):
+    for module in (chat, completions, messages, responses, models, health):
         app.include_router(module.router)
     _add_middleware(app, settings)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]

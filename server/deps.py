@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from server.body import body_of
 from server.messages.protocol import CountTokensRequest, MessagesRequest
 from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.responses.protocol import ResponsesRequest
 from server.runtime import AppState
 
 
@@ -31,3 +32,4 @@ ChatBody = Annotated[ChatCompletionRequest, Depends(body_of(ChatCompletionReques
 CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest, _body_limit, _strict))]
 MessagesBody = Annotated[MessagesRequest, Depends(body_of(MessagesRequest, _body_limit, _strict))]
 CountTokensBody = Annotated[CountTokensRequest, Depends(body_of(CountTokensRequest, _body_limit, _strict))]
+ResponsesBody = Annotated[ResponsesRequest, Depends(body_of(ResponsesRequest, _body_limit, _strict))]

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from engine.api import EngineInfo
 from server import policy
+from server.messages.protocol import CountTokensRequest, MessagesRequest
 from server.protocol import (
     OPENAI_MAX_STOP,
     TOLERANT_ONLY,
@@ -38,8 +39,8 @@ from server.protocol import (
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request: malformed JSON, wrong types or values, what would be served wrongly (n > 1, image or "
-         "audio input, JSON response_format, forced tool calls), unknown fields under --strict-params, "
-         "or prompt + max_tokens beyond the context window (code context_length_exceeded)",
+         "audio input, a response_format or tool schema the grammar engine cannot enforce), unknown fields under "
+         "--strict-params, or prompt + max_tokens beyond the context window (code context_length_exceeded)",
     401: "Missing or wrong API key (only when the server runs with --api-key)",
     404: "Unknown model (code model_not_found) or URL",
     413: "Request body larger than the server's limit",
@@ -50,7 +51,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     503: "Engine loading (with Retry-After), dead, or the server is shutting down",
 }
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest, MessagesRequest,
+                                               CountTokensRequest)
 # Models referenced by name from routes (SSE chunk shapes and replies).
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ChatCompletionResponse, ChatCompletionChunk, CompletionResponse, ErrorResponse,
@@ -109,9 +111,11 @@ def build(app: FastAPI) -> dict[str, Any]:
     components.update(request_schemas(bool(app_state.settings.strict_params), info))
     for model in RESPONSE_MODELS:
         _add_model(components, model)
+    strict = bool(app_state.settings.strict_params)
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             operation.get("responses", {}).pop("422", None)
+            _apply_policy_inline(operation, strict)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     if info is not None:
@@ -131,7 +135,8 @@ def request_schemas(strict: bool, info: EngineInfo | None) -> dict[str, Any]:
         body = components[model.__name__]
         if strict:
             body["properties"].update(_inert_properties())
-            _limit_stop(body["properties"]["stop"], OPENAI_MAX_STOP)
+            if "stop" in body["properties"]:
+                _limit_stop(body["properties"]["stop"], OPENAI_MAX_STOP)
         if info is not None:
             _apply_model_bounds(body["properties"], info)
     return components
@@ -230,7 +235,7 @@ def _apply_model_bounds(props: dict[str, Any], info: EngineInfo) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         if name in props:
             _integer_branch(props[name])["maximum"] = info.context_length - 1  # the prompt takes one at least
-    if not info.vocab_size:
+    if not info.vocab_size or "logit_bias" not in props:
         return
     bias = _object_branch(props["logit_bias"])
     bias["propertyNames"] = {"pattern": f"^{decimal_below(info.vocab_size)}$"}
@@ -270,3 +275,15 @@ def decimal_below(n: int) -> str:
     if top != "0":
         parts.append(top)
     return "(?:" + "|".join(parts) + ")"
+
+
+def _apply_policy_inline(operation: dict[str, Any], strict: bool) -> None:
+    """A request body a route documents inline (not a component): the policy's additional properties,
+    and under --strict-params the inert OpenAI fields it accepts at their no-op values."""
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+    if not isinstance(body, dict) or "$ref" in body:
+        return
+    _select_branches(body, strict)
+    _set_additional_properties(body, allowed=not strict)
+    if strict:
+        body["properties"].update({k: v for k, v in _inert_properties().items() if k not in body["properties"]})

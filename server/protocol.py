@@ -274,6 +274,18 @@ def _stream_options_rule(schema: dict[str, Any]) -> None:
     schema["then"] = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
 
 
+# `response_format`: text and json_object take nothing else; json_schema needs its `json_schema` object,
+# whose `schema` is a JSON Schema (object or boolean). Whether the grammar engine can enforce that
+# schema is not a JSON Schema rule: a schema it cannot is refused with a 400 naming the keyword.
+RESPONSE_FORMAT_SCHEMA = {"anyOf": [
+    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"],
+     "additionalProperties": True},
+    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "properties": {"schema": {"type": ["object", "boolean"]}}, "additionalProperties": True}},
+     "required": ["type", "json_schema"], "additionalProperties": True},
+    {"type": "null"}]}
+
+
 class GenerationFields(BaseModel):
     """Fields shared by chat and text completions."""
 
@@ -295,11 +307,7 @@ class GenerationFields(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, description="extension (vLLM); 1: off")
-    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
-        {"type": "object", "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
-                                          "json_schema": {"type": "object"}},
-         "required": ["type"], "additionalProperties": True},
-        {"type": "null"}]})] = Field(
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = Field(
         default=None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
                                   '"json_schema": {"name": ..., "schema": {...}, "strict": ...}}')
     dspark: DsparkOptions | None = None
@@ -367,16 +375,27 @@ class GenerationFields(BaseModel):
 
 def forced_name(choice: dict[str, Any]) -> str | None:
     """The function a `tool_choice` object ({"type": "function", "function": {"name": ...}}) or a legacy
-    `function_call` object ({"name": ...}) names; None if it names none."""
-    inner = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+    `function_call` object ({"name": ...}) names; None if it is neither."""
+    if "function" in choice or "type" in choice:
+        inner = choice.get("function")
+        if choice.get("type", "function") != "function" or not isinstance(inner, dict):
+            return None
+    else:
+        inner = choice
     name = inner.get("name")
     return name if isinstance(name, str) and name else None
 
 
+_NAME = {"type": "string", "minLength": 1}
+# Other keys in these objects are ignored in either policy (the server reads only the name).
+_NAMED_TOOL = {"type": "object", "properties": {"type": {"const": "function"}, "function": {
+    "type": "object", "properties": {"name": _NAME}, "required": ["name"], "additionalProperties": True}},
+    "required": ["function"], "additionalProperties": True}
+_NAMED_FUNCTION = {"type": "object", "properties": {"name": _NAME}, "required": ["name"], "additionalProperties": True}
 ToolChoice = Annotated[Literal["none", "auto", "required"] | dict[str, Any] | None,
-                      WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required", None]}, {"type": "object"}]})]
+                      WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required", None]}, _NAMED_TOOL]})]
 LegacyFunctionCall = Annotated[Literal["none", "auto"] | dict[str, Any] | None,
-                               WithJsonSchema({"anyOf": [{"enum": ["none", "auto", None]}, {"type": "object"}]})]
+                               WithJsonSchema({"anyOf": [{"enum": ["none", "auto", None]}, _NAMED_FUNCTION]})]
 
 
 class ChatCompletionRequest(GenerationFields):

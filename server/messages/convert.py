@@ -28,7 +28,6 @@ from server.protocol import ChatCompletionRequest
 _REFUSED_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results",
                    "server_tool_use": "server tools", "web_search_tool_result": "server tools",
                    "container_upload": "files"}
-_IGNORED_BLOCKS = frozenset({"redacted_thinking"})  # opaque to anything but Anthropic's own models
 
 
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
@@ -56,6 +55,8 @@ def _system(system: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 def _turns(messages: list[MessageParam]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
+        if isinstance(message.content, list) and not message.content:
+            raise _invalid(f"messages[{i}].content", "A turn's content must be a string or a non-empty list of blocks")
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         elif message.role == "user":
@@ -96,7 +97,7 @@ def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
                           "function": {"name": _string(block, "name", at), "arguments": json.dumps(arguments)}})
         elif kind == "thinking":
             thoughts.append(_string(block, "thinking", at))
-        else:
+        elif kind != "redacted_thinking":  # opaque to anything but Anthropic's own models: dropped
             _unexpected(kind, at, "an assistant turn")
     turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
@@ -109,7 +110,10 @@ def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
 def _tool_result_text(block: dict[str, Any], where: str) -> str:
     content = block.get("content", "")
     text = content if isinstance(content, str) else _joined_text(content, f"{where}.content")
-    return f"Error: {text}" if block.get("is_error") is True else text
+    is_error = block.get("is_error", False)
+    if not isinstance(is_error, bool):
+        raise _invalid(f"{where}.is_error", f"'{where}.is_error' must be a boolean")
+    return f"Error: {text}" if is_error else text
 
 
 def _joined_text(blocks: Any, where: str) -> str:
@@ -178,8 +182,6 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
 
 
 def _unexpected(kind: str, where: str, place: str) -> None:
-    if kind in _IGNORED_BLOCKS:
-        return
     if kind in _REFUSED_BLOCKS:
         raise APIError(400, f"Content blocks of type '{kind}' are not served ({_REFUSED_BLOCKS[kind]} need a "
                             "model and features this server does not have).", param=where,

@@ -27,6 +27,40 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                503: "overloaded_error", 529: "overloaded_error"}
 
 
+ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+STOP_REASONS = ["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+MESSAGE_SCHEMA = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+                  "properties": {
+                      "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+                      "model": {"type": "string"},
+                      "content": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+                          "type": {"enum": ["text", "thinking", "tool_use"]}}}},
+                      "stop_reason": {"enum": [*STOP_REASONS, None]}, "stop_sequence": {"type": ["string", "null"]},
+                      "usage": {"type": "object", "required": ["input_tokens", "output_tokens"], "properties": {
+                          "input_tokens": {"type": "integer", "minimum": 0},
+                          "output_tokens": {"type": "integer", "minimum": 0}}}}}
+EVENT_TYPES = ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+               "message_delta", "message_stop", "error"]
+
+
+def openapi_responses(*error_statuses: int, stream: bool = True) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a Messages route: the message (or its named events) and Anthropic's errors."""
+    event = {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"enum": EVENT_TYPES}, "data": {"type": "string", "contentMediaType": "application/json",
+                                                 "contentSchema": {"type": "object", "required": ["type"]}}}}
+    content: dict[str, Any] = {"application/json": {"schema": MESSAGE_SCHEMA}}
+    if stream:
+        content["text/event-stream"] = {"itemSchema": event}
+    out: dict[int | str, dict[str, Any]] = {200: {"description": "The message, or with `stream: true` its events, "
+                                                                 "each named by its type", "content": content}}
+    for status in error_statuses:
+        out[status] = {"description": f"Anthropic's error envelope ({ERROR_TYPES.get(status, 'api_error')})",
+                       "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    return out
+
+
 def error_envelope(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error body for an HTTP status."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")

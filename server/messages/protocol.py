@@ -9,17 +9,57 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from server.protocol import Int
 
 _CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
+# The content blocks served, as JSON Schema (the server reads them as dicts: `server.messages.convert`).
+# Other keys of a block are ignored in either policy. Images, documents and server-tool blocks are
+# not listed: they are refused with a 400 naming the block.
+_STRING = {"type": "string"}
+
+
+def _block(kind: str, required: tuple[str, ...] = (), **props: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"type": {"const": kind}, **props},
+            "required": ["type", *required], "additionalProperties": True}
+
+
+_TEXT = _block("text", ("text",), text=_STRING)
+_TEXTS = {"type": "array", "items": _TEXT}
+_USER_BLOCKS = [_TEXT, _block("tool_result", ("tool_use_id",), tool_use_id=_STRING,
+                              content={"anyOf": [_STRING, _TEXTS]}, is_error={"type": "boolean"})]
+_ASSISTANT_BLOCKS = [_TEXT, _block("tool_use", ("id", "name"), id=_STRING, name=_STRING, input={"type": "object"}),
+                     _block("thinking", ("thinking",), thinking=_STRING), _block("redacted_thinking")]
+
+
+def _turn(role: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    content = {"anyOf": [_STRING, {"type": "array", "items": {"anyOf": blocks}, "minItems": 1}]}
+    return {"type": "object", "properties": {"role": {"const": role}, "content": content},
+            "required": ["role", "content"]}
+
+
+MESSAGE_SCHEMA = {"anyOf": [_turn("user", _USER_BLOCKS), _turn("assistant", _ASSISTANT_BLOCKS)]}
+SYSTEM_SCHEMA = {"anyOf": [_STRING, _TEXTS, {"type": "null"}]}
+TOOL_CHOICE_SCHEMA = {"anyOf": [
+    {"type": "object", "properties": {"type": {"enum": ["auto", "any", "none"]}, "name": {"type": ["string", "null"]},
+                                      "disable_parallel_tool_use": {"type": ["boolean", "null"]}}, "required": ["type"]},
+    {"type": "object", "properties": {"type": {"const": "tool"}, "name": {"type": "string", "minLength": 1},
+                                      "disable_parallel_tool_use": {"type": ["boolean", "null"]}},
+     "required": ["type", "name"]},
+    {"type": "null"}]}
+OUTPUT_FORMAT_SCHEMA = {"anyOf": [
+    {"type": "object", "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+     "required": ["type", "schema"], "additionalProperties": True},
+    {"type": "null"}]}
+
 
 class MessageParam(BaseModel):
     """One turn: `user` or `assistant`, a string or a list of content blocks."""
 
-    model_config = _CONFIG
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              json_schema_extra=lambda schema, _: schema.update(MESSAGE_SCHEMA))
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
@@ -31,7 +71,8 @@ class ToolParam(BaseModel):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-    type: str | None = Field(default=None, description='"custom" or absent; server tools are refused')
+    type: Annotated[str | None, WithJsonSchema({"enum": ["custom", None]})] = Field(
+        default=None, description='"custom" or absent; server tools are refused')
 
 
 class ThinkingParam(BaseModel):
@@ -48,7 +89,7 @@ class OutputConfig(BaseModel):
     `effort` is accepted and not used."""
 
     model_config = _CONFIG
-    format: dict[str, Any] | None = None
+    format: Annotated[dict[str, Any] | None, WithJsonSchema(OUTPUT_FORMAT_SCHEMA)] = None
     effort: str | None = None
 
 
@@ -67,9 +108,9 @@ class CountTokensRequest(BaseModel):
     model_config = _CONFIG
     model: str | None = Field(default=None, description="default: the served model")
     messages: list[MessageParam] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
+    system: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(SYSTEM_SCHEMA)] = None
     tools: list[ToolParam] | None = None
-    tool_choice: ToolChoiceParam | None = None
+    tool_choice: Annotated[ToolChoiceParam | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     thinking: ThinkingParam | None = None
     output_config: OutputConfig | None = None
 
@@ -83,4 +124,4 @@ class MessagesRequest(CountTokensRequest):
     top_k: Int | None = Field(default=None, ge=0)
     stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, max_length=64)
     stream: bool | None = None
-    metadata: dict[str, Any] | None = Field(default=None, description="accepted, not used")
+    metadata: Any = Field(default=None, description="accepted, not used")

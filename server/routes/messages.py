@@ -17,15 +17,16 @@ from server import convert, generation
 from server.body import ignored
 from server.deps import AppStateDep, CountTokensBody, MessagesBody
 from server.messages.convert import chat_request
-from server.messages.format import MessagesFormatter
-from server.openapi import error_responses
+from server.messages.format import MessagesFormatter, openapi_responses
+from server.openapi import request_body
 from server.prompt import render_chat
 from server.structured import chat_grammar
 
 router = APIRouter(tags=["messages"])
 
 
-@router.post("/v1/messages", response_model=None, responses=error_responses(400, 401, 404, 413, 415, 429, 500, 503))
+@router.post("/v1/messages", response_model=None, openapi_extra=request_body("MessagesRequest"),
+             responses=openapi_responses(400, 401, 404, 413, 415, 421, 429, 500, 503))
 async def create_message(request: Request, body: MessagesBody, app_state: AppStateDep) -> Response:
     """Create a message (Anthropic protocol), streamed as named SSE events when `stream` is true.
 
@@ -44,8 +45,11 @@ async def create_message(request: Request, body: MessagesBody, app_state: AppSta
     return await generation.respond(app_state, active, fmt, request, stream=bool(body.stream), headers=headers)
 
 
-@router.post("/v1/messages/count_tokens", response_model=None,
-             responses=error_responses(400, 401, 404, 413, 415, 500, 503))
+@router.post("/v1/messages/count_tokens", response_model=None, openapi_extra=request_body("CountTokensRequest"),
+             responses={**openapi_responses(400, 401, 404, 413, 415, 421, 500, 503), 200: {
+                 "description": "The prompt tokens", "content": {"application/json": {"schema": {
+                     "type": "object", "required": ["input_tokens"],
+                     "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}}}}})
 async def count_tokens(request: Request, body: CountTokensBody, app_state: AppStateDep) -> Response:
     """The prompt tokens the conversation renders to (`{"input_tokens": n}`), tools and system included."""
     engine, info = app_state.ready_engine()

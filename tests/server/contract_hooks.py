@@ -1,10 +1,17 @@
 """Schemathesis hooks for the contract runs (`tests/server/test_contract.py`, `make contract`).
 
-Generated bodies are sent as they are, except that a completion is kept short: when every token
-limit a body sends is valid (a positive integer or null), all of them (`max_tokens`, and for chat
-`max_completion_tokens`) are set to the smallest one sent, at most `MAX_TOKENS`. So a run measures the
-contract, not the model's speed, and the two chat limits agree (the server refuses two different
-ones, a rule JSON Schema cannot state). A body with an invalid limit is left as it is.
+Generated bodies are sent as they are, except for rules JSON Schema cannot state, which a hook makes
+hold without making an invalid body valid (each hook touches only values that are valid as they are):
+- A completion is kept short: when every token limit a body sends is valid (a positive integer or
+  null), all of them (`max_tokens`, and for chat `max_completion_tokens`) are set to the smallest one
+  sent, at most `MAX_TOKENS`. So a run measures the contract, not the model's speed, and the two chat
+  limits agree (the server refuses two different ones).
+- A forced tool call names a tool the body offers: the name of a named choice becomes the first
+  tool's; a forced choice in a body that offers no tool is dropped (chat, Messages).
+- A JSON schema that a body asks the output to match (`response_format`, `output_config.format`,
+  `text.format`, or a forced tool's parameters) becomes `{"type": "object"}`: whether the grammar
+  engine can enforce a schema is not a JSON Schema rule (one it cannot is refused with a 400 naming
+  the keyword, tests/server/test_errors.py).
 """
 
 from __future__ import annotations
@@ -15,14 +22,21 @@ from typing import Any
 import schemathesis
 
 MAX_TOKENS = int(os.environ.get("DSPARK_CONTRACT_MAX_TOKENS", "4"))
-LIMITS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",)}
+LIMITS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
+          "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
+ANY_OBJECT = {"type": "object"}
 
 
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
-    """Cap the completion length of generation requests (see the module docstring)."""
-    names = LIMITS.get(case.operation.path)
-    if names is None or not isinstance(case.body, dict):
+    """Cap the completion length and make the schema rules above hold (see the module docstring)."""
+    if not isinstance(case.body, dict):
+        return
+    path = case.operation.path
+    for fix in FIXES.get(path, ()):
+        fix(case.body)
+    names = LIMITS.get(path)
+    if names is None:
         return
     sent = [case.body.get(name) for name in names]
     if not all(value is None or _positive_integer(value) for value in sent):
@@ -35,3 +49,75 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
 def _positive_integer(value: Any) -> bool:
     """What JSON Schema's `{"type": "integer", "minimum": 1}` takes: 3 and 3.0, not true or 3.5."""
     return type(value) in (int, float) and value >= 1 and float(value).is_integer()
+
+
+def _chat_format(body: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        if isinstance(fmt["json_schema"].get("schema"), dict | bool):
+            fmt["json_schema"]["schema"] = dict(ANY_OBJECT)
+
+
+def _chat_forced_call(body: dict[str, Any]) -> None:
+    for choice_key, tools_key in (("tool_choice", "tools"), ("function_call", "functions")):
+        choice = body.get(choice_key)
+        if not (choice == "required" or isinstance(choice, dict)):
+            continue
+        functions = [t.get("function") if tools_key == "tools" else t for t in _list(body.get(tools_key))]
+        names = [f.get("name") for f in functions if isinstance(f, dict)]
+        if not names:
+            body[choice_key] = None
+            continue
+        _plain_parameters(functions, "parameters")
+        named = choice.get("function") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) \
+            else choice
+        if isinstance(named, dict) and _name(named.get("name")) and _name(names[0]):
+            named["name"] = names[0]
+
+
+def _messages(body: dict[str, Any]) -> None:
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict):
+        fmt["schema"] = dict(ANY_OBJECT)
+    choice, tools = body.get("tool_choice"), _list(body.get("tools"))
+    if not (isinstance(choice, dict) and choice.get("type") in ("any", "tool")):
+        return
+    if not tools:
+        body["tool_choice"] = None
+        return
+    _plain_parameters(tools, "input_schema")
+    if choice["type"] == "tool" and _name(choice.get("name")) and isinstance(tools[0], dict) and _name(tools[0].get("name")):
+        choice["name"] = tools[0]["name"]
+
+
+def _responses(body: dict[str, Any]) -> None:
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        fmt["schema"] = dict(ANY_OBJECT)
+    choice, tools = body.get("tool_choice"), _list(body.get("tools"))
+    if (choice == "required" or isinstance(choice, dict)) and tools:
+        _plain_parameters(tools, "parameters")
+    if isinstance(choice, dict) and _name(choice.get("name")) and tools and isinstance(tools[0], dict) \
+            and _name(tools[0].get("name")):
+        choice["name"] = tools[0]["name"]
+
+
+def _plain_parameters(tools: list[Any], key: str) -> None:
+    """The schema of each forced tool's arguments, when it is one, as any object."""
+    for tool in tools:
+        if isinstance(tool, dict) and isinstance(tool.get(key), dict):
+            tool[key] = dict(ANY_OBJECT)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+FIXES = {"/v1/chat/completions": (_chat_format, _chat_forced_call), "/v1/completions": (_chat_format,),
+         "/v1/messages": (_messages,), "/v1/messages/count_tokens": (_messages,), "/v1/responses": (_responses,)}

@@ -75,8 +75,9 @@ def test_refusals_are_schema_rules():
     assert _branches(chat["tool_choice"])[0]["enum"] == ["none", "auto", "required", None]
     assert _branches(chat["function_call"])[0]["enum"] == ["none", "auto", None]
     for body in (chat, text):
-        assert _branches(body["response_format"])[0]["properties"]["type"]["enum"] == ["text", "json_object",
-                                                                                         "json_schema"]
+        formats = _branches(body["response_format"])
+        assert formats[0]["properties"]["type"]["enum"] == ["text", "json_object"]
+        assert formats[1]["properties"]["type"]["const"] == "json_schema" and "json_schema" in formats[1]["required"]
     assert chat["audio"]["type"] == "null"
     assert text["echo"]["enum"] == [False, None] and text["suffix"]["type"] == "null"
     stop = {b.get("type"): b for b in _branches(chat["stop"])}
