@@ -59,10 +59,20 @@ def unmodelled(model: type[BaseModel], data: Any, path: str = "") -> list[str]:
             continue
         if is_list and isinstance(value, list):
             for i, item in enumerate(value):
+                if _ignored_whole(nested, item):
+                    out.append(f"{where}[{i}]")
+                    continue
                 out += unmodelled(nested, item, f"{where}[{i}]")
         elif not is_list:
             out += unmodelled(nested, value, where)
     return out
+
+
+def _ignored_whole(model: type[BaseModel], item: Any) -> bool:
+    """Whether a list item is ignored as a whole: a model may say so of items it does not model
+    (`ignored_as_a_whole`, e.g. Responses tools of types the server does not run)."""
+    hook = getattr(model, "ignored_as_a_whole", None)
+    return bool(hook is not None and hook(item))
 
 
 def _nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from server.protocol import Int, invalid, unsupported
+from server.protocol import TOLERANT_ONLY, Int, invalid, unsupported
 
 CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)  # as server.protocol's request models
 
@@ -85,6 +85,9 @@ def _document_request(schema: dict[str, Any]) -> None:
     """The rules pydantic cannot write from the types: the shapes of `input` and `tool_choice`, the forced
     call that needs tools, and that something must be there to answer."""
     props = schema["properties"]
+    for branch in props["tools"].get("anyOf", []):  # a tool of another type is valid: it is ignored
+        if branch.get("type") == "array":
+            branch["items"] = {"anyOf": [branch["items"], OTHER_TOOL]}
     items = {"anyOf": [_item_schema(kind) for kind in ITEM_KINDS]}
     props["input"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": items}, {"type": "null"}],
                       "description": "a user message, or the conversation as items"}
@@ -107,8 +110,18 @@ def _document_request(schema: dict[str, Any]) -> None:
 
 
 def _document_tool(schema: dict[str, Any]) -> None:
-    """A tool's `type` is "function" (other types are refused)."""
+    """A function tool's `type` is "function" (tools of other types are ignored: `_split_tools`)."""
     schema["properties"]["type"] = {"const": "function"}
+
+
+# A tool of another type (hosted tools such as web_search, Codex's namespaces of tools): the server
+# runs no tools and cannot route calls into a namespace, so such tools are left out of what the model
+# is offered and reported as ignored (refused under --strict-params), rather than refusing clients
+# that always send them.
+OTHER_TOOL = {"type": "object", "required": ["type"], "additionalProperties": True, TOLERANT_ONLY: True,
+              "properties": {"type": {"type": "string", "not": {"const": "function"}}},
+              "description": "a tool of another type: ignored (reported in X-Dspark-Ignored; refused under "
+                             "--strict-params)"}
 
 
 def _document_format(schema: dict[str, Any]) -> None:
@@ -222,7 +235,7 @@ def _items(value: Any) -> Any:
 
 
 class FunctionTool(BaseModel):
-    """One entry of `tools`: only function tools are served (the server runs no tools of its own)."""
+    """A function tool (the client runs it); tools of other types are ignored (`_split_tools`)."""
 
     model_config = ConfigDict(**CONFIG, json_schema_extra=_document_tool)
     type: str
@@ -234,11 +247,22 @@ class FunctionTool(BaseModel):
     @field_validator("type")
     @classmethod
     def _function_only(cls, value: str) -> str:
-        if value != "function":
-            raise PydanticCustomError(
-                "unsupported_parameter", "Tool type '{kind}' is not supported by this server: only function tools "
-                "are served (the client runs them).", {"kind": value[:60]})
+        if value != "function":  # `_split_tools` keeps other types out of `tools`
+            raise PydanticCustomError("invalid_value", "A function tool's 'type' must be \"function\"")
         return value
+
+    @staticmethod
+    def ignored_as_a_whole(item: Any) -> bool:
+        """A tool of another type is ignored as a whole (server/policy.py): reported, or refused under
+        --strict-params."""
+        return isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] != "function"
+
+
+def _split_tools(data: Any) -> Any:
+    """`data` without the tools that are not function tools (`FunctionTool.ignored_as_a_whole`)."""
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        return data
+    return {**data, "tools": [t for t in data["tools"] if not FunctionTool.ignored_as_a_whole(t)]}
 
 
 def _tool_choice(value: Any) -> Any:
@@ -316,6 +340,12 @@ class ResponsesRequest(BaseModel):
     previous_response_id: Stateful = None
     conversation: Stateful = None
     prompt: Annotated[Any, WithJsonSchema({"type": "null", "description": "only null: " + NO_STORED_PROMPTS})] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_tools_apart(cls, data: Any) -> Any:
+        """Tools of other types are kept out of `tools` (the policy reports them as ignored)."""
+        return _split_tools(data)
 
     @field_validator("previous_response_id", "conversation", "prompt")
     @classmethod

@@ -96,11 +96,16 @@ def _responses(body: dict[str, Any]) -> None:
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
         fmt["schema"] = dict(ANY_OBJECT)
-    choice, tools = body.get("tool_choice"), _list(body.get("tools"))
-    if (choice == "required" or isinstance(choice, dict)) and tools:
-        _plain_parameters(tools, "parameters")
-    if isinstance(choice, dict) and _name(choice.get("name")) and tools and isinstance(tools[0], dict) \
-            and _name(tools[0].get("name")):
+    choice = body.get("tool_choice")
+    # Tools of other types are ignored (valid, but nothing a call could be forced to).
+    tools = [t for t in _list(body.get("tools")) if isinstance(t, dict) and t.get("type") == "function"]
+    if not (choice == "required" or isinstance(choice, dict)):
+        return
+    if not tools:
+        body["tool_choice"] = "auto"
+        return
+    _plain_parameters(tools, "parameters")
+    if isinstance(choice, dict) and _name(choice.get("name")) and _name(tools[0].get("name")):
         choice["name"] = tools[0]["name"]
 
 

@@ -111,6 +111,25 @@ def test_chat_errors_name_the_responses_field():
 # ---- refusals ------------------------------------------------------------------------------------------
 
 
+async def test_tools_of_other_types_are_ignored_and_reported():
+    """Codex sends hosted tools (web_search) and namespaces of tools with its function tools: the model is
+    offered the function tools, and the others are named in X-Dspark-Ignored (refused under strict)."""
+    codex_like = [WEATHER, {"type": "web_search", "external_web_access": False},
+                  {"type": "namespace", "name": "agents", "tools": [{"type": "function", "name": "close_agent"}]}]
+    roomy = FakeEngine(info=replace(INFO, context_length=1 << 16))
+    for strict in (False, True):
+        app = create_app(settings(strict_params=strict), roomy)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            r = await c.post(RESPONSES, json=body(tools=codex_like))
+        if strict:
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]"
+            continue
+        assert r.status_code == 200, r.text
+        assert r.headers["X-Dspark-Ignored"] == "tools[]"
+        prompt = bytes(roomy.submitted[-1].prompt_ids).decode()
+        assert "get_weather" in prompt and "close_agent" not in prompt and "web_search" not in prompt
+
+
 def body(**extra):
     return {"model": "fake-model", "input": "hi", **extra}
 
@@ -118,7 +137,6 @@ def body(**extra):
 @pytest.mark.parametrize("extra,param,code", [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
     ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
-    ({"tools": [WEATHER, {"type": "web_search"}]}, "tools[1].type", "unsupported_parameter"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Look:"},
                                              {"type": "input_image", "image_url": "data:,"}]}]},
      "input[0].content[1]", "unsupported_parameter"),
@@ -352,8 +370,9 @@ async def test_documented_in_openapi(client):
     assert ok["text/event-stream"]["itemSchema"]["properties"]["data"]["contentSchema"] == event_schema()
     assert {"400", "404", "429", "503"} <= op["responses"].keys() and "422" not in op["responses"]
     valid = [body(), {"instructions": "x"}, body(tools=[WEATHER], tool_choice="required"),
-             body(input=[{"type": "function_call_output", "call_id": "c", "output": "o"}])]
-    invalid = [{"input": []}, body(previous_response_id="r"), body(tools=[{"type": "web_search"}]),
+             body(input=[{"type": "function_call_output", "call_id": "c", "output": "o"}]),
+             body(tools=[WEATHER, {"type": "web_search"}])]
+    invalid = [{"input": []}, body(previous_response_id="r"), body(tools=[{"type": "function"}]),
                body(tool_choice="required"), body(input=[{"role": "user", "content": [{"type": "input_image"}]}]),
                body(input=[{"type": "function_call", "call_id": "c", "name": "f"}])]
     for good in valid:
