@@ -66,7 +66,7 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
         if stops.stopped:
             reason = "stop"
         usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(total), cached_tokens=stats.prompt_cached_tokens)
-        yield Finished(reason=reason, usage=usage, stats=stats, text=tail, stop_sequence=stops.matched if stops.stopped else None)
+        yield Finished(reason=reason, usage=usage, stats=stats, text=tail, stop_sequence=stops.matched)
     finally:
         if consistent:
             runtime.keep_prefix(decoder)

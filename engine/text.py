@@ -125,12 +125,17 @@ class StopMatcher:
         self._max_len = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self._stopped = False
-        self.matched: str | None = None  # the stop string that ended the text, once one has
+        self._matched: str | None = None  # the stop string `_earliest_match` found last
 
     @property
     def stopped(self) -> bool:
         """True once a stop string has matched (by `push`, or by `flush` at the very end)."""
         return self._stopped
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string that ended the text (None while none has)."""
+        return self._matched if self._stopped else None
 
     def push(self, delta: str) -> tuple[str, bool]:
         """Feed a text delta; return (text safe to emit now, whether a stop string matched)."""
@@ -168,7 +173,7 @@ class StopMatcher:
         if not found:
             return None
         start, which = min(found)
-        self.matched = self._stops[which]
+        self._matched = self._stops[which]
         return start
 
     def _earliest_pending(self, buf: str) -> int:

@@ -454,7 +454,7 @@ class ChatCompletionRequest(GenerationFields):
     @model_validator(mode="after")
     def _forced_call_has_its_tool(self) -> ChatCompletionRequest:
         """A forced call needs tools, and a named one must be among them."""
-        field = "tool_choice" if self.tool_choice not in (None, "none", "auto") else "function_call"
+        field = self.forced_tool_field
         choice = self.forced_tool_choice
         if choice is None:
             return self
@@ -494,6 +494,11 @@ class ChatCompletionRequest(GenerationFields):
             if isinstance(choice, dict):
                 return forced_name(choice)
         return None
+
+    @property
+    def forced_tool_field(self) -> str:
+        """The field that forces the call (`tool_choice`, else the legacy `function_call`), for errors."""
+        return "tool_choice" if self.tool_choice not in (None, "none", "auto") else "function_call"
 
     @property
     def num_logprobs(self) -> int | None:

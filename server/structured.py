@@ -59,7 +59,7 @@ def chat_grammar(req: ChatCompletionRequest, spec: OutputSpec) -> GrammarSpec | 
 def _tool_call_rules(req: ChatCompletionRequest, forced: str, spec: OutputSpec) -> tuple[str, str, str]:
     """(param, start's body, rules) for one or more calls in the model's markup (one for a named
     function or `parallel_tool_calls: false`)."""
-    param = "tool_choice" if req.tool_choice not in (None, "none", "auto") else "function_call"
+    param = req.forced_tool_field
     fmt = detect_format(spec.chat_template) or "hermes"
     if fmt not in CALL_MARKUP:
         raise APIError(400, f"Forcing a tool call is not served for this model's tool-call format ({fmt}); "

@@ -423,3 +423,15 @@ def test_mlx_lm_tokenizer_wrapper(tokenizer):
     ids = tokenizer.encode("wrapped 🦀 你好", add_special_tokens=False)
     deltas, tail, _ = stream(wrapped, [[i] for i in ids])
     assert "".join(deltas) + tail == "wrapped 🦀 你好"
+
+
+def test_stop_matcher_says_which_stop_ended_the_text():
+    """`matched` is the stop string that ended the text, and None until one has (a candidate held back
+    for an earlier-starting, longer stop does not count yet)."""
+    m = StopMatcher(["abcd", "c"])
+    assert m.push("ab") == ("", False) and m.matched is None
+    assert m.push("c") == ("", False) and m.matched is None  # "c" matched, but "abcd" may still complete
+    assert m.push("x") == ("ab", True) and m.matched == "c"
+    done = StopMatcher(["END", "STOP"])
+    assert done.push("text STOP more END") == ("text ", True) and done.matched == "STOP"
+    assert StopMatcher(["zz"]).matched is None
