@@ -67,6 +67,16 @@ class GrammarSpec:
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """One image of a prompt, as the client sent it once decoded from its URL: the encoded file
+    (PNG, JPEG, WebP, ...) and the SHA-256 hex digest of those bytes (what caches key it by)."""
+
+    data: bytes
+    digest: str
+    media_type: str = ""  # the content type the client or server declared, e.g. "image/png"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation: prompt token ids in, at most `max_tokens` new tokens out."""
 
@@ -78,6 +88,9 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS ids
     logprobs: int | None = None  # None: off; 0..20: each token's logprob and that many top alternatives
     grammar: GrammarSpec | None = None  # constrained decoding; None: free text
+    # Images, in prompt order: the i-th fills the i-th image placeholder token of `prompt_ids`
+    # (`EngineInfo.image_token_id`). Only targets with a vision tower take them (`EngineInfo.vision`).
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,9 @@ class EngineInfo:
     lookup_history: HistoryUsage | None = field(default=None, compare=False)
     # The prefix cache's size and hit counts, live; None when it is off.
     prefix_cache: PrefixCacheUsage | None = field(default=None, compare=False)
+    vision: bool = False  # the target takes images (an mlx-vlm model with a vision tower)
+    # The token id that stands for one image in a rendered prompt (None: no images)
+    image_token_id: int | None = None
 
 
 @dataclass

@@ -61,6 +61,7 @@ def validate_request(request: GenerationRequest, info: EngineInfo) -> None:
     if request.max_tokens < 1:
         raise EngineInputError("max_tokens must be at least 1", param="max_tokens")
     _validate_processing(request, vocab)
+    _validate_images(request, info)
     limit, prompt = info.context_length, len(request.prompt_ids)
     if prompt + request.max_tokens > limit:
         # A prompt that fits leaves max_tokens as what overflowed; name the field the client can change.
@@ -68,6 +69,19 @@ def validate_request(request: GenerationRequest, info: EngineInfo) -> None:
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt + request.max_tokens} tokens ({prompt} in the messages, {request.max_tokens} in the "
             f"completion).", param="max_tokens" if prompt < limit else "messages")
+
+
+def _validate_images(request: GenerationRequest, info: EngineInfo) -> None:
+    """Images only for a target with a vision tower, one per image placeholder of the prompt."""
+    if not request.images:
+        return
+    if not info.vision:
+        raise EngineInputError(f"the model {info.model_id} does not take images; send text only, or serve a "
+                               "vision model (an mlx-vlm model with a vision tower)", param="messages")
+    slots = sum(1 for t in request.prompt_ids if t == info.image_token_id)
+    if slots != len(request.images):
+        raise EngineInputError(f"the prompt has {slots} image placeholders for {len(request.images)} images",
+                               param="messages")
 
 
 def _validate_processing(request: GenerationRequest, vocab: int) -> None:
