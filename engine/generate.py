@@ -35,11 +35,17 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
     detok = IncrementalDetokenizer(runtime.tokenizer)
     stops = StopMatcher(list(request.stop))
     total: list[int] = []
-    prompt = list(request.prompt_ids)
+    prompt, inputs = list(request.prompt_ids), None
+    if request.images:
+        prompt, inputs = runtime.expand_images(prompt, request.images)
+    # Image positions hold the same placeholder ids whatever the image: such prompts neither match
+    # nor leave prefix-cache states.
+    cacheable = inputs is None
     consistent = False  # whether the decoder may be captured for the prefix cache now
     try:
         try:
-            tokens = decoder.prefill(prompt, runtime.match_prefix(prompt), cancelled)  # the BLAS as loaded
+            prefix = runtime.match_prefix(prompt) if cacheable else None
+            tokens = decoder.prefill(prompt, prefix, cancelled, inputs)  # the BLAS as loaded
         except EngineCancelled:
             consistent = True  # stopped between chunks: the chunks read are a consistent prefix
             raise
@@ -68,7 +74,7 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
         usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(total), cached_tokens=stats.prompt_cached_tokens)
         yield Finished(reason=reason, usage=usage, stats=stats, text=tail, stop_sequence=stops.matched)
     finally:
-        if consistent:
+        if consistent and cacheable:
             runtime.keep_prefix(decoder)
 
 

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.api import EngineConfig, EngineInfo, GrammarSpec, SpecConfig, SpecStats
+from engine.api import (
+    ContextLengthExceeded, EngineConfig, EngineInfo, EngineInputError, GrammarSpec, ImageInput, SpecConfig, SpecStats,
+)
 from engine.grammar import CompiledGrammar, compile_grammar, grammar_tokenizer
 from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
-from engine.loading.target import load_target
+from engine.loading.target import load_target_with_vision
 from engine.lookup import (
     DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, HybridDrafter, LookupConfig, LookupDrafter, LookupHistory,
 )
@@ -33,6 +35,7 @@ from engine.seams import DrafterLike, TokenizerLike, drafter_kind
 
 if TYPE_CHECKING:
     from engine.spec import SpecDecoder
+    from engine.vision import PromptInputs, Vision
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class Runtime:
     cap: int | None = None  # fixed cap, or auto's starting cap; None in baseline mode
     history: LookupHistory | None = None  # recent outputs lookup drafts from (--lookup-history); None: off
     prefix_cache: PrefixCache | None = None  # finished requests' states for later prompts; None: off
+    vision: Vision | None = None  # the image half of an mlx-vlm target; None: text only
     _grammar_tokenizer: object | None = field(default=None, init=False, repr=False)  # built on first use
 
     def compiled_grammar(self, spec: GrammarSpec | None) -> CompiledGrammar | None:
@@ -71,6 +75,17 @@ class Runtime:
         if self._grammar_tokenizer is None:  # about a second, so only once a request asks for a grammar
             self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, vocab, self.eos_ids)
         return CompiledGrammar(self._grammar_tokenizer, compile_grammar(spec), vocab)
+
+    def expand_images(self, prompt: list[int], images: tuple[ImageInput, ...]) -> tuple[list[int], PromptInputs]:
+        """The prompt with its image placeholders expanded and its input embeddings (engine/vision.py);
+        refused for a text-only target or when the expanded prompt leaves no room for the answer."""
+        if self.vision is None:
+            raise EngineInputError(f"the model {self.info.model_id} does not take images", param="messages")
+        expanded = self.vision.expand(prompt, images)
+        if len(expanded.ids) >= self.info.context_length:
+            raise ContextLengthExceeded(f"This model's maximum context length is {self.info.context_length} tokens; "
+                                        f"the messages with their images take {len(expanded.ids)}.", param="messages")
+        return expanded.ids, expanded.inputs
 
     def match_prefix(self, prompt: list[int]) -> tuple[PrefixState, int] | None:
         """The prefix-cache state to start `prompt` from and how many of its positions it gives
@@ -184,11 +199,15 @@ def lookup_config(spec: SpecConfig) -> LookupConfig:
                         max_drafts=max_drafts)
 
 
+def _model_args(model):
+    """The model's configuration: mlx-lm models keep it in `args`, mlx-vlm language models in `config`."""
+    return getattr(model, "args", None) or getattr(model, "config", None)
+
+
 def _load_drafter(source: str, target: Target, model, quantize: str | None) -> DrafterLike:
-    args = model.args if hasattr(model, "args") else None
     drafter, cfg = load_drafter(
         source, target_vocab_size=target.vocab_size, target_num_layers=target.num_layers,
-        target_hidden_size=getattr(args, "hidden_size", None), quantize=quantize,
+        target_hidden_size=getattr(_model_args(model), "hidden_size", None), quantize=quantize,
     )
     if drafter.needs_target_binding:
         drafter.bind_target_model(model)
@@ -198,7 +217,7 @@ def _load_drafter(source: str, target: Target, model, quantize: str | None) -> D
 def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     """Load the target (and drafter) for `config`; decides the effective mode."""
     spec = config.spec
-    model, tokenizer, path = load_target(config.model, progress)
+    model, tokenizer, path, vision = load_target_with_vision(config.model, progress)
     source = _drafter_source(spec, config.model)
     note = None
     history = None
@@ -225,6 +244,7 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
         max_drafts = drafter.config.max_drafts
         timed = drafter.trained if isinstance(drafter, HybridDrafter) else drafter
         longest = max(max_drafts, drafter.lookup.config.max_drafts) if timed is not drafter else max_drafts
+        target.max_rollback = max(target.max_rollback, longest + 1)  # a round's drafts and its bonus row
         curve = _round_costs(target, timed, str(path), source, longest)
         cap = initial_auto_cap(curve, max_drafts) if spec.max_draft == "auto" else min(int(spec.max_draft), max_drafts)
     prefix_cache = prefix_cache_for(target, config.prefix_cache_bytes)
@@ -234,8 +254,10 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note, drafter_kind=drafter_kind(drafter),
         lookup_history=history.usage if history is not None else None,
         prefix_cache=prefix_cache.usage if prefix_cache is not None else None,
+        vision=vision is not None, image_token_id=vision.image_token_id if vision is not None else None,
     )
-    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap, history, prefix_cache)
+    return Runtime(target, drafter, tokenizer, info, eos_ids(tokenizer), spec, curve, cap, history, prefix_cache,
+                   vision)
 
 
 def _history(spec: SpecConfig) -> LookupHistory | None:
@@ -290,7 +312,7 @@ def eos_ids(tokenizer: TokenizerLike) -> frozenset[int]:
 
 
 def _context_length(model) -> int:
-    args = getattr(model, "args", None)
+    args = _model_args(model)
     for name in ("max_position_embeddings", "max_seq_len", "context_length"):
         value = getattr(args, name, None)
         if value:

@@ -37,6 +37,7 @@ from engine.processors import LogitProcessor, ProcessorSettings
 from engine.samplers import Sampler
 from engine.scheduler import HybridScheduler, Scheduler
 from engine.seams import DrafterLike, drafter_kind
+from engine.vision import PromptInputs
 
 PREFILL_CHUNK = 512
 # Pending context rows (taps the trained drafter has not absorbed) are absorbed into its context
@@ -103,40 +104,43 @@ class SpecDecoder:
     # ------------------------------------------------------------------ prefill
 
     def prefill(self, prompt_ids: list[int], prefix: tuple[PrefixState, int] | None = None,
-                cancelled: Callable[[], bool] | None = None) -> list[int]:
+                cancelled: Callable[[], bool] | None = None, inputs: PromptInputs | None = None) -> list[int]:
         """Run the prompt through the target and commit the first token; returns [token].
 
         `prefix` (state, n): start from the first n prompt positions restored from a prefix-cache
-        state (`PrefixCache.match`) and read only the rest. `cancelled` is polled between chunks."""
+        state (`PrefixCache.match`) and read only the rest. `cancelled` is polled between chunks.
+        `inputs`: the prompt's embeddings when it holds images (engine/vision.py)."""
         t0 = time.perf_counter()
-        self.read_prompt(prompt_ids, prefix, cancelled)
+        self.read_prompt(prompt_ids, prefix, cancelled, inputs)
         new = self.first_token()
         self.stats.time_prefill_s += time.perf_counter() - t0
         return new
 
     def read_prompt(self, prompt_ids: list[int], prefix: tuple[PrefixState, int] | None = None,
-                    cancelled: Callable[[], bool] | None = None) -> None:
+                    cancelled: Callable[[], bool] | None = None, inputs: PromptInputs | None = None) -> None:
         """The prompt's target forward pass (in chunks), filling the caches; nothing is sampled.
 
         With `prefix` (state, n), positions 0..n-1 come from the state and only prompt_ids[n:] is
         read. Between chunks `cancelled()` may end the read with EngineCancelled; the decoder is
-        then in a consistent state holding the chunks read (`capture` may keep them)."""
+        then in a consistent state holding the chunks read (`capture` may keep them). A prompt with
+        `inputs` (images) is read in one forward: image positions attend to each other both ways."""
         start = 0
+        chunk = PREFILL_CHUNK if inputs is None else max(1, len(prompt_ids))
         if prefix is not None:
             start = self._restore(*prefix)
             self.stats.prompt_cached_tokens = start
         ids = mx.array(prompt_ids)[None]  # [1, P]
         taps = [self.ctx_pending] if self.ctx_pending is not None else []  # [1, c, m*d] each
         try:
-            for begin in range(start, len(prompt_ids), PREFILL_CHUNK):
+            for begin in range(start, len(prompt_ids), chunk):
                 if cancelled is not None and cancelled():
                     raise EngineCancelled("cancelled during prefill")
-                logits, chunk_taps = self._forward(ids[:, begin : begin + PREFILL_CHUNK])
+                logits, chunk_taps = self._forward(ids[:, begin : begin + chunk], inputs)
                 last = logits[0, -1]  # [V]
                 mx.eval(last, chunk_taps) if chunk_taps is not None else mx.eval(last)
                 if chunk_taps is not None:
                     taps.append(chunk_taps)
-                self.committed[:] = prompt_ids[: begin + PREFILL_CHUNK]  # the positions the caches hold
+                self.committed[:] = prompt_ids[: begin + chunk]  # the positions the caches hold
         finally:
             self.ctx_pending = (taps[0] if len(taps) == 1 else mx.concatenate(taps, axis=1)) if taps else None
         if self._index is not None:
@@ -370,10 +374,10 @@ class SpecDecoder:
         mx.eval(logits, taps) if taps is not None else mx.eval(logits)
         return logits[0], taps
 
-    def _forward(self, ids: mx.array) -> tuple[mx.array, mx.array | None]:
+    def _forward(self, ids: mx.array, inputs: PromptInputs | None = None) -> tuple[mx.array, mx.array | None]:
         """Target forward of ids [1, n] on this request's cache: logits [1, n, V] and, for a trained
         drafter, taps [1, n, m*d]; else None (lookup and baseline ask the target for none at all)."""
-        return self.target.forward(ids, self.target_cache, taps=self._taps)
+        return self.target.forward(ids, self.target_cache, taps=self._taps, inputs=inputs)
 
     def _accept(self, draft_ids: list[int], draft_logprobs, logits: mx.array) -> tuple[int, int]:
         x = self.processor.apply_rows(logits, draft_ids)  # [l+1, V] row k: committed + drafts[:k]

@@ -52,11 +52,22 @@ def prefer_float32_on_cpu(model: nn.Module) -> None:
 
 
 def load_target(spec: str | None, progress: ProgressFn | None = None):
-    """Load (model, tokenizer, path) for `spec` through mlx-lm, float32 on the CPU."""
-    from mlx_lm.utils import load
+    """Load (model, tokenizer, path) for `spec`, float32 on the CPU: through mlx-lm, or for a
+    vision-language model through mlx-vlm (its language model; the vision half is dropped)."""
+    return load_target_with_vision(spec, progress)[:3]
+
+
+def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None):
+    """(model, tokenizer, path, Vision or None): `load_target` plus the image half of an mlx-vlm model."""
+    from engine.loading.vlm import is_vlm_dir, load_vlm
 
     path = resolve_model_path(spec, progress)
+    if is_vlm_dir(path):
+        model, tokenizer, vision = load_vlm(path)
+        return model, tokenizer, path, vision
+    from mlx_lm.utils import load
+
     model, tokenizer = load(str(path))
     prefer_float32_on_cpu(model)
     mx.eval(model.parameters())
-    return model, tokenizer, path
+    return model, tokenizer, path, None

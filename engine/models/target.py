@@ -8,9 +8,20 @@ gemma...), and a one-time check proves the tapped forward reproduces the model's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
+
+from engine.models.window_cache import windowed
+
+if TYPE_CHECKING:
+    from engine.vision import PromptInputs
+
+# Positions a round may roll back, at least: the largest cap plus the bonus row. Sliding-window
+# layers keep this many positions beyond their window (engine/models/window_cache.py).
+DEFAULT_MAX_ROLLBACK = 32
 
 
 class _Tap(nn.Module):
@@ -32,7 +43,8 @@ class _Tap(nn.Module):
 
     def __call__(self, *args, **kwargs):
         out = self.inner(*args, **kwargs)
-        self._sink.append(out)
+        # mlx-vlm's Gemma-4 layers return (hidden, shared K/V, offset); the hidden state is first.
+        self._sink.append(out[0] if isinstance(out, tuple) else out)
         return out
 
 
@@ -41,16 +53,25 @@ class TapError(RuntimeError):
 
 
 class Target:
-    """The verified model. `forward` returns logits and the concatenated tap outputs."""
+    """The verified model. `forward` returns logits and the concatenated tap outputs.
 
-    def __init__(self, model: nn.Module, tap_layer_ids: tuple[int, ...] = ()):
+    `model` is an mlx-lm model, or the language model of an mlx-vlm one (its forward returns an
+    output object with `.logits`). `max_rollback` is the most positions a round may take back: the
+    runtime raises it to the drafter's largest cap plus one."""
+
+    def __init__(self, model: nn.Module, tap_layer_ids: tuple[int, ...] = (), max_rollback: int = DEFAULT_MAX_ROLLBACK):
         self.model = model
+        self.max_rollback = max_rollback
         self.num_layers = len(model.layers)
         self.tap_layer_ids = tuple(tap_layer_ids)
         for lid in self.tap_layer_ids:
             if not 0 <= lid < self.num_layers:
                 raise TapError(f"tap layer {lid} outside the target's {self.num_layers} layers")
         self._sink: list[mx.array] = []
+        # Unwrap taps a Target built earlier over the same model left in place: each layer is tapped once.
+        for lid, layer in enumerate(model.layers):
+            if isinstance(layer, _Tap):
+                model.layers[lid] = layer["inner"]
         self._originals = {lid: model.layers[lid] for lid in self.tap_layer_ids}
         self._install()
 
@@ -63,15 +84,27 @@ class Target:
             self.model.layers[lid] = layer
 
     def make_cache(self) -> list:
-        """A fresh per-layer KV cache for this target."""
-        return make_prompt_cache(self.model)
+        """A fresh per-layer KV cache for this target; sliding-window layers keep `max_rollback`
+        positions beyond their window so that any round can be rolled back."""
+        return windowed(make_prompt_cache(self.model), self.max_rollback)
 
-    def forward(self, ids: mx.array, cache: list, taps: bool = True) -> tuple[mx.array, mx.array | None]:
+    def logits(self, ids: mx.array, cache: list | None = None, inputs: PromptInputs | None = None) -> mx.array:
+        """ids [b, n] -> logits [b, n, V] float32, no taps (cache None: an uncached forward)."""
+        if inputs is None:
+            out = self.model(ids, cache=cache)
+        else:
+            out = self.model(ids, cache=cache, inputs_embeds=inputs.embeds, **inputs.extra)
+        return getattr(out, "logits", out).astype(mx.float32)
+
+    def forward(self, ids: mx.array, cache: list, taps: bool = True,
+                inputs: PromptInputs | None = None) -> tuple[mx.array, mx.array | None]:
         """ids [1, n] -> (logits [1, n, V] float32, taps [1, n, m*d] or None without taps).
 
-        `taps=False` skips building the taps (None), for drafters that read no hidden states."""
+        `taps=False` skips building the taps (None), for drafters that read no hidden states.
+        `inputs`: the embeddings (and other model inputs) of these n positions, for a prompt with
+        images (engine/vision.py); the ids then only label the positions."""
         self._sink.clear()
-        logits = self.model(ids, cache=cache).astype(mx.float32)
+        logits = self.logits(ids, cache, inputs)
         if not taps:
             self._sink.clear()  # the layers' outputs stay internal to the forward: nothing concatenated
             return logits, None
@@ -108,7 +141,7 @@ class Target:
         tapped, taps = self.forward(ids, self.make_cache())
         self._uninstall()
         try:
-            plain = self.model(ids, cache=make_prompt_cache(self.model)).astype(mx.float32)
+            plain = self.logits(ids, self.make_cache())
         finally:
             self._install()
         if not mx.array_equal(tapped, plain):
@@ -131,7 +164,11 @@ class Target:
         return emb
 
     def lm_head(self, h: mx.array) -> mx.array:
-        """Target output projection for hidden states h [..., d] -> logits [..., V]."""
+        """Target output projection for hidden states h [..., d] -> logits [..., V] (with Gemma's
+        logit soft-cap: mlx-vlm language models apply it in `logits_from_hidden`)."""
+        from_hidden = getattr(self.model, "logits_from_hidden", None)
+        if from_hidden is not None:
+            return from_hidden(h)
         head = getattr(self.model, "lm_head", None)
         if head is not None:
             return head(h)
@@ -156,9 +193,11 @@ def trim_cache(cache: list, num_tokens: int) -> None:
 def fork_cache(layer_cache):
     """An independent copy of one layer's KV cache holding the same tokens.
 
-    Slicing to the live length copies nothing yet (MLX arrays are immutable; the next update
+    Caches with their own `fork` (the window cache) copy themselves. Slicing to the live length copies nothing yet (MLX arrays are immutable; the next update
     writes a new buffer), so a fork is cheap and never sees the original's later tokens.
     """
+    if hasattr(layer_cache, "fork"):
+        return layer_cache.fork()
     copy = type(layer_cache)()
     n = layer_cache.offset
     if layer_cache.keys is not None:

@@ -25,7 +25,7 @@ def exact_joint(target: Target, prompt: list[int], settings: sampling.SamplerSet
     probs = np.zeros(vocab**length)
     for i, seq in enumerate(itertools.product(range(vocab), repeat=length)):
         ids = mx.array([prompt + list(seq[:-1])])
-        logp = sampling.process_logits(target.model(ids)[0, len(prompt) - 1 :], settings)  # [length, vocab]
+        logp = sampling.process_logits(target.logits(ids)[0, len(prompt) - 1 :], settings)  # [length, vocab]
         probs[i] = float(mx.exp(sum(logp[k, seq[k]] for k in range(length))).item())
     return probs / probs.sum()
 
