@@ -221,7 +221,7 @@ class CountingTarget:
     def __getattr__(self, name):
         return getattr(self._target, name)
 
-    def forward(self, ids, cache, taps=True):
+    def forward(self, ids, cache, taps=True, inputs=None):
         logits, tapped = self._target.forward(ids, cache, taps=taps)
         self.widths.append(ids.shape[1])
         self.taps.append(tapped)

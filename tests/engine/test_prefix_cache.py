@@ -174,7 +174,7 @@ class FailingTarget:
     def __getattr__(self, name):
         return getattr(TARGET, name)
 
-    def forward(self, ids, cache, taps=True):
+    def forward(self, ids, cache, taps=True, inputs=None):
         self.forwards += 1
         if self.forwards == self.fail_at:
             raise RuntimeError("boom")

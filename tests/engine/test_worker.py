@@ -27,13 +27,13 @@ class CountingTarget:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forward(self, ids, cache, taps=True):
+    def forward(self, ids, cache, taps=True, inputs=None):
         self.forwards += 1
         if self.gate is not None:
             self.gate.wait(5)
         if self.fail:
             raise RuntimeError("boom")
-        return self.inner.forward(ids, cache, taps=taps)
+        return self.inner.forward(ids, cache, taps=taps, inputs=inputs)
 
 
 @pytest.fixture(scope="module")
@@ -207,9 +207,9 @@ class _ThreadSpy:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forward(self, ids, cache, taps=True):
+    def forward(self, ids, cache, taps=True, inputs=None):
         self.seen.append((ids.shape[1], backend.current_blas_threads()))
-        return self.inner.forward(ids, cache, taps=taps)
+        return self.inner.forward(ids, cache, taps=taps, inputs=inputs)
 
 
 @pytest.mark.skipif(not backend.can_set_threads() or (backend.STATE.threads or 1) < 2,

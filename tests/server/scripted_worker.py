@@ -36,13 +36,13 @@ class GatedTarget:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def forward(self, ids: Any, cache: Any, taps: bool = True) -> Any:
+    def forward(self, ids: Any, cache: Any, taps: bool = True, inputs: Any = None) -> Any:
         """The inner forward, after waiting for `release` if this is the held one."""
         self.forwards += 1
         if self.forwards == self.hold_at:
             self.held.set()
             self.release.wait(30)  # a backstop only: every test releases it
-        return self.inner.forward(ids, cache, taps=taps)
+        return self.inner.forward(ids, cache, taps=taps, inputs=inputs)
 
 
 class WordTokenizer:
