@@ -227,3 +227,14 @@ def test_sampled_rounds_run_with_the_confidence_head(target, gemma):
     drafter, _ = gemma
     out = run(make_decoder(target, drafter, 4, settings=SamplerSettings(temperature=1.0), seed=3), PROMPTS[0], 12)
     assert len(out) == 12 and all(0 <= t < fx.VOCAB for t in out)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "8bit"])
+def test_quantized_drafter_runs(tmp_path, mode):
+    """bf16 and 8-bit loads run a round's outputs (layer_scalar and v_norm follow the compute dtype)."""
+    drafter, cfg = _load(gx.write_gemma4_dspark(tmp_path), quantize=mode)
+    rows = drafter.draft_hidden(drafter.backbone(_ctx(4), _block(), drafter.make_cache()))[0]
+    logits = draft_logits(drafter, rows, mx.array([9, 1, 2, 3]))
+    assert logits.shape == (cfg.block_size, fx.VOCAB) and logits.dtype == mx.float32
+    assert mx.isfinite(logits).all().item()
+    assert mx.abs(logits - drafter.markov_bias(mx.array([9, 1, 2, 3]))).max().item() <= cfg.final_logit_softcapping + 1e-3
