@@ -362,7 +362,7 @@ def _geometry_raw(cfg: DrafterConfig) -> dict:
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "max_position_embeddings",
         "tie_word_embeddings", "attention_bias")}
-    raw.update(model_type="qwen3", hidden_act="silu", rope_scaling=cfg.rope_scaling)
+    raw.update(model_type="qwen3", hidden_act=cfg.hidden_activation, rope_scaling=cfg.rope_scaling)
     return raw
 
 
