@@ -1,6 +1,8 @@
 """DSpark / DFlash drafter in MLX: parallel backbone, Markov head, confidence head (docs/method.md §3, §4).
 
-One `Drafter` serves both checkpoint layouts. Per round, with batch size 1 (shapes: d = hidden,
+One `Drafter` serves both checkpoint layouts and both backbone families (Qwen3; Gemma-4, whose
+layer is `engine.models.gemma_drafter_layers`, whose embedding is scaled by sqrt(d) and whose base
+logits are soft-capped in `Drafter.base_logits`). Per round, with batch size 1 (shapes: d = hidden,
 m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
 
     cache = drafter.make_cache()                   # once per request: context K/V only
@@ -30,93 +32,11 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engine.models.drafter_config import DrafterConfig
+from engine.models.drafter_layers import DrafterLayer, merge_heads
+from engine.models.gemma_drafter_layers import GemmaDrafterLayer
 
 ArrayFn = Callable[[mx.array], mx.array]
 QUANTIZE_MODES = (None, "bf16", "8bit", "4bit")
-
-
-def _split_heads(x: mx.array, n_heads: int) -> mx.array:
-    # [1, L, n*hd] -> [1, n, L, hd]
-    b, length, _ = x.shape
-    return x.reshape(b, length, n_heads, -1).transpose(0, 2, 1, 3)
-
-
-def _merge_heads(x: mx.array) -> mx.array:
-    # [1, n, L, hd] -> [1, L, n*hd]
-    b, _, length, _ = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, length, -1)
-
-
-class DrafterAttention(nn.Module):
-    """Qwen3-style GQA attention whose keys/values are [cached context ; block], queries block only."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        d, hd, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.scale = hd**-0.5
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
-        self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
-        self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
-
-    def project_kv(self, x: mx.array, rope: nn.Module, offset: int) -> tuple[mx.array, mx.array]:
-        """K/V of ``x`` [1, L, d] at positions [offset, offset+L): post-k_norm, post-RoPE [1, Hkv, L, hd]."""
-        keys = self.k_norm(_split_heads(self.k_proj(x), self.n_kv_heads))
-        values = _split_heads(self.v_proj(x), self.n_kv_heads)
-        return rope(keys, offset=offset), values
-
-    def project_q(self, x: mx.array, rope: nn.Module, offset: int) -> mx.array:
-        """Queries of ``x`` [1, L, d] at positions [offset, offset+L): [1, H, L, hd]."""
-        return rope(self.q_norm(_split_heads(self.q_proj(x), self.n_heads)), offset=offset)
-
-    def __call__(self, x: mx.array, ctx_kv: tuple[mx.array, mx.array] | None, rope: nn.Module,
-                 offset: int) -> mx.array:
-        # x: [1, B, d] normed block stream at positions [offset, offset+B)
-        queries = self.project_q(x, rope, offset)
-        keys, values = self.project_kv(x, rope, offset)
-        if ctx_kv is not None:
-            keys = mx.concatenate([ctx_kv[0], keys], axis=2)  # [1, Hkv, P+B, hd]
-            values = mx.concatenate([ctx_kv[1], values], axis=2)
-        # No mask: the block is bidirectional and sees every cached context position (< offset).
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale)
-        return self.o_proj(_merge_heads(out))
-
-
-class DrafterMLP(nn.Module):
-    """SwiGLU feed-forward."""
-
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DrafterLayer(nn.Module):
-    """Pre-norm decoder layer; context features bypass input_layernorm (docs/method.md §3.1)."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.self_attn = DrafterAttention(cfg)
-        self.mlp = DrafterMLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-
-    def append_context(self, ctx_h: mx.array, cache: KVCache, rope: nn.Module) -> None:
-        """Project ``ctx_h`` [1, c, d] (already fc + hidden_norm) to K/V at the cache's next positions."""
-        keys, values = self.self_attn.project_kv(ctx_h, rope, cache.offset)
-        cache.update_and_fetch(keys, values)
-
-    def __call__(self, x: mx.array, cache: KVCache, rope: nn.Module, offset: int) -> mx.array:
-        ctx_kv = cache.keys_and_values() if cache.offset > 0 else None
-        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, rope, offset)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class MarkovHead(nn.Module):
@@ -183,7 +103,8 @@ class Drafter(nn.Module):
         d = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_taps * d, d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.layers = [DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+        layer_class = GemmaDrafterLayer if cfg.is_gemma else DrafterLayer
+        self.layers = [layer_class(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
         if cfg.owns_embeddings:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
@@ -197,7 +118,7 @@ class Drafter(nn.Module):
         # Plain attributes (not Module children): no parameters, never saved or quantized.
         object.__setattr__(self, "config", cfg)
         object.__setattr__(self, "_rope", initialize_rope(
-            cfg.head_dim, base=cfg.rope_theta, traditional=False, scaling_config=cfg.rope_scaling,
+            cfg.attn_head_dim, base=cfg.rope_theta, traditional=False, scaling_config=cfg.rope_scaling,
             max_position_embeddings=cfg.max_position_embeddings))
         object.__setattr__(self, "_target_embed", None)
         object.__setattr__(self, "_target_lm_head", None)
@@ -254,12 +175,18 @@ class Drafter(nn.Module):
         return cache[0].offset
 
     def embed(self, ids: mx.array) -> mx.array:
-        """Token embeddings [.., d] in the compute dtype (own copy or the bound target's)."""
+        """Token embeddings [.., d] in the compute dtype (own copy or the bound target's).
+
+        Gemma-4 scales them by sqrt(d), in the compute dtype, as its scaled embedding does.
+        """
         if self.config.owns_embeddings:
             out = self.embed_tokens(ids)
         else:
             out = self._bound("_target_embed")(ids)
-        return out.astype(self.compute_dtype)
+        out = out.astype(self.compute_dtype)
+        if self.config.is_gemma:
+            out = out * mx.array(self.config.hidden_size**0.5, dtype=out.dtype)
+        return out
 
     def project_context(self, taps: mx.array) -> mx.array:
         """H_ctx = hidden_norm(fc(taps)): [1, c, m*d] -> [1, c, d] (spec Eq. 2)."""
@@ -312,16 +239,25 @@ class Drafter(nn.Module):
     # ------------------------------------------------------------ heads
 
     def base_logits(self, h: mx.array, vocab: mx.array | None = None) -> mx.array:
-        """U = lm_head(h): [.., d] -> [.., V] float32 (logits are always sampled in fp32).
+        """U = lm_head(h), soft-capped when the config says so: [.., d] -> [.., V] float32.
 
+        The soft cap (Gemma-4: ``c * tanh(U / c)``) belongs to U, so `draft_logits` adds the
+        Markov bias after it, as DeepSpec does (``compute_logits``, then the Markov head); every
+        caller of U gets it from here. Logits are always sampled in fp32.
         ``vocab`` [S] (training's draft shortlist): only those columns, [.., S], from the head's
         rows [S, d] when they can be read directly (the vocabulary-wide product is most of a
-        training step).
+        training step). The cap is elementwise, so it commutes with taking columns.
         """
+        cap = self.config.final_logit_softcapping
+        logits = self._head_logits(h, vocab)
+        return logits if cap is None else cap * mx.tanh(logits / cap)
+
+    def _head_logits(self, h: mx.array, vocab: mx.array | None) -> mx.array:
+        """lm_head(h) [.., V] (or its columns ``vocab``: [.., S]) in float32, before any soft cap."""
         if vocab is not None:
             rows = self._head_rows(vocab)  # [S, d] or None
             if rows is None:
-                return mx.take(self.base_logits(h), vocab, axis=-1)
+                return mx.take(self._head_logits(h, None), vocab, axis=-1)
             return (h @ rows.astype(h.dtype).T).astype(mx.float32)
         if not self.config.owns_embeddings:
             out = self._bound("_target_lm_head")(h)
@@ -416,7 +352,8 @@ def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array,
     dropped. ``prev_ids[i]`` is the token before the one row i drafts: the anchor for draft 1,
     then the *sampled* previous draft when serving, the true previous token when training.
     ``base`` [n, V] is ``drafter.base_logits(h_rows)`` when the caller already has it (serving
-    projects every row it will verify in one lm_head product); None computes it here.
+    projects every row it will verify in one lm_head product); None computes it here. Either
+    way U is `Drafter.base_logits`, soft cap included (Gemma-4), so the bias lands after the cap.
     ``vocab`` [S] (training only: the draft shortlist of the batch) gives the same logits at
     those columns only, [n, S] (``base``, if passed, must then be [n, S] too). Serving passes
     none: its drafts are sampled from the whole vocabulary.
@@ -439,7 +376,10 @@ def _weight_rows(head) -> ArrayFn | None:
 
 
 def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:
-    """One layer as a single sequence [context ; block] at positions [0, P + B), queries from the block."""
+    """One layer as a single sequence [context ; block] at positions [0, P + B), queries from the block.
+
+    Only the attention is recomputed independently; what follows it is the layer's own `combine`.
+    """
     attn = layer.self_attn
     xn = layer.input_layernorm(x)  # the block stream only; context rows are not re-normed
     num_ctx = ctx_h.shape[1]
@@ -449,8 +389,7 @@ def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn
     keys, values = mx.repeat(keys, rep, axis=1), mx.repeat(values, rep, axis=1)
     scores = (queries * attn.scale) @ keys.transpose(0, 1, 3, 2)  # [1, H, B, P+B]
     out = mx.softmax(scores, axis=-1, precise=True) @ values
-    h = x + attn.o_proj(_merge_heads(out))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    return layer.combine(x, attn.o_proj(merge_heads(out)))
 
 
 # ---------------------------------------------------------------- quantization

@@ -8,6 +8,10 @@ Layouts (docs/method.md §4.1):
   * ``dflash``: z-lab `DFlashDraftModel` (nested ``dflash_config``, no embedding / lm_head: the
     target's are bound at runtime). Slot i >= 1 predicts ``p + i``; slot 0's output is unused,
     so B slots give B - 1 drafts.
+  * Families: the backbone is Qwen3-style (``family`` "qwen3") for all of the above, or Gemma-4
+    (``family`` "gemma4") for DeepSpec `Gemma4DSparkModel`, which has the ``deepspec`` slot
+    convention and its own embedding / lm_head copies; its keys are read by
+    `engine.models.drafter_config_gemma` (docs/method.md §4.1).
 
 Nothing here imports MLX: the config is plain data, shared by the loader, the engine and the trainer.
 """
@@ -17,11 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.models.drafter_config_gemma import (
+    GEMMA4_ARCH,
+    GEMMA4_FAMILY,
+    QWEN3_FAMILY,
+    GemmaVariantError,
+    gemma_fields,
+    gemma_raw,
+    gemma_rope_source,
+)
+
 DEEPSPEC_ARCH = "Qwen3DSparkModel"
 DFLASH_ARCH = "DFlashDraftModel"
 LEGACY_DSPARK_ARCH = "DSparkDraftModel"
-SUPPORTED_ARCHITECTURES = (DEEPSPEC_ARCH, DFLASH_ARCH, LEGACY_DSPARK_ARCH)
-_GEMMA_ARCHS = ("Gemma4DSparkModel",)
+SUPPORTED_ARCHITECTURES = (DEEPSPEC_ARCH, GEMMA4_ARCH, DFLASH_ARCH, LEGACY_DSPARK_ARCH)
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")  # every type DeepSpec checkpoints name
 # The rnn head's bias carries a recurrent state from draft to draft; neither the trainer nor the
 # round threads that state, so such a drafter is refused when its config is read, not mid-request.
@@ -67,12 +80,37 @@ class DrafterConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     owns_embeddings: bool = True  # checkpoint stores embed_tokens/lm_head (else bind the target's)
+    # Backbone family: "qwen3" (every layout above) or "gemma4" (DeepSpec Gemma4DSparkModel).
+    family: str = QWEN3_FAMILY
+    # Gemma-4 only (None / defaults for qwen3): see engine/models/drafter_config_gemma.py.
+    global_head_dim: int | None = None  # the attention head dim of the drafter's (full-attention) layers
+    num_global_key_value_heads: int | None = None  # KV heads when attention_k_eq_v
+    attention_k_eq_v: bool = False  # no v_proj: V is K's projection (before the norms)
+    final_logit_softcapping: float | None = None  # base logits -> c * tanh(logits / c)
+    hidden_activation: str = "silu"  # the MLP's gate activation
 
     def __post_init__(self) -> None:
         # Callers may pass lists (e.g. from JSON); keep the frozen value a tuple so equality holds.
         object.__setattr__(self, "target_layer_ids", tuple(int(t) for t in self.target_layer_ids))
         if self.sts_temperatures is not None:
             object.__setattr__(self, "sts_temperatures", tuple(float(t) for t in self.sts_temperatures))
+
+    @property
+    def is_gemma(self) -> bool:
+        """True for the Gemma-4 backbone (sandwich norms, K = V, soft-capped logits, ...)."""
+        return self.family == GEMMA4_FAMILY
+
+    @property
+    def attn_head_dim(self) -> int:
+        """Per-head width of the drafter's attention: ``global_head_dim`` for Gemma-4, else head_dim."""
+        return self.global_head_dim if self.is_gemma else self.head_dim
+
+    @property
+    def attn_kv_heads(self) -> int:
+        """KV heads of the drafter's attention (Gemma-4 with K = V: ``num_global_key_value_heads``)."""
+        if self.is_gemma and self.attention_k_eq_v:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
 
     @property
     def num_taps(self) -> int:
@@ -114,7 +152,8 @@ def normalize_drafter_config(raw: dict, *, num_target_layers: int | None = None)
     if not isinstance(nested, dict):
         raise DrafterConfigError("'dflash_config' must be a JSON object")
     layout = "dflash" if arch == DFLASH_ARCH else "deepspec"
-    geom = _geometry(raw)
+    family = _family_fields(arch, raw)
+    geom = _geometry(raw, is_gemma=bool(family))
     n_target = _first(raw, nested, "num_target_layers", default=num_target_layers)
     if n_target is None:
         raise DrafterConfigError("config has no 'num_target_layers'; cannot validate target_layer_ids")
@@ -130,9 +169,10 @@ def normalize_drafter_config(raw: dict, *, num_target_layers: int | None = None)
         target_layer_ids=tuple(int(t) for t in taps),
         num_target_layers=int(n_target),
         sts_temperatures=_sts(raw),
-        owns_embeddings=(arch == DEEPSPEC_ARCH),
+        owns_embeddings=arch in (DEEPSPEC_ARCH, GEMMA4_ARCH),
         **heads,
         **geom,
+        **family,
     )
     _validate(cfg, raw)
     return cfg
@@ -148,6 +188,8 @@ def drafter_config_to_raw(cfg: DrafterConfig, extra: dict | None = None) -> dict
     raw.pop("rope_parameters", None)
     raw.pop("dflash_config", None)
     raw.update(_geometry_raw(cfg))
+    if cfg.is_gemma:
+        raw.update(gemma_raw(cfg))
     raw.update(_heads_raw(cfg))
     if cfg.sts_temperatures is not None:
         raw["sts_temperatures"] = list(cfg.sts_temperatures)
@@ -158,7 +200,7 @@ def drafter_config_to_raw(cfg: DrafterConfig, extra: dict | None = None) -> dict
                    dflash_config={"mask_token_id": cfg.mask_token_id, "target_layer_ids": taps})
     else:
         raw.setdefault("num_anchors", 512)  # DeepSpec's own loader requires the key
-        raw.update(architectures=[DEEPSPEC_ARCH], block_size=cfg.block_size,
+        raw.update(architectures=[cfg.architecture], block_size=cfg.block_size,
                    mask_token_id=cfg.mask_token_id, target_layer_ids=taps,
                    num_target_layers=cfg.num_target_layers,
                    layer_types=["full_attention"] * cfg.num_hidden_layers)
@@ -172,10 +214,11 @@ def _architecture(raw: dict) -> str:
     archs = raw.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
     model_type = str(raw.get("model_type", ""))
-    if arch in _GEMMA_ARCHS or model_type.startswith("gemma"):
+    if arch not in SUPPORTED_ARCHITECTURES and model_type.startswith("gemma"):
         raise DrafterConfigError(
-            f"Gemma-family drafters ({arch or model_type}) are not yet supported; "
-            f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
+            f"Gemma-family drafter {arch or model_type!r} is not supported; the only Gemma drafter "
+            f"implemented is DeepSpec's {GEMMA4_ARCH}. Supported architectures: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     if "speculators_config" in raw:
         raise DrafterConfigError("vLLM 'speculators' drafter packaging is not supported; use a DeepSpec "
                                  "(Qwen3DSparkModel) or z-lab (DFlashDraftModel) checkpoint")
@@ -205,12 +248,23 @@ def _require(raw: dict, nested: dict, key: str) -> Any:
     return value
 
 
-def _geometry(raw: dict) -> dict:
+def _family_fields(arch: str, raw: dict) -> dict:
+    """Gemma-4's own `DrafterConfig` fields ({} for the Qwen3 backbone)."""
+    if arch != GEMMA4_ARCH:
+        return {}
+    try:
+        return gemma_fields(raw)
+    except GemmaVariantError as exc:
+        raise DrafterConfigError(str(exc)) from exc
+
+
+def _geometry(raw: dict, *, is_gemma: bool = False) -> dict:
     missing = [k for k in _REQUIRED_GEOMETRY if raw.get(k) is None]
     if missing:
         raise DrafterConfigError(f"drafter config is missing required geometry: {', '.join(missing)}")
     heads = int(raw["num_attention_heads"])
-    theta, scaling = _rope(raw)
+    # Gemma-4 nests RoPE per layer type (gemma_fields has checked the full-attention entry exists).
+    theta, scaling = _rope(gemma_rope_source(raw) if is_gemma else raw)
     return dict(
         hidden_size=int(raw["hidden_size"]),
         intermediate_size=int(raw["intermediate_size"]),
@@ -308,7 +362,7 @@ def _geometry_raw(cfg: DrafterConfig) -> dict:
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "max_position_embeddings",
         "tie_word_embeddings", "attention_bias")}
-    raw.update(model_type="qwen3", hidden_act="silu", rope_scaling=cfg.rope_scaling)
+    raw.update(model_type="qwen3", hidden_act=cfg.hidden_activation, rope_scaling=cfg.rope_scaling)
     return raw
 
 

@@ -58,8 +58,7 @@ def _layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, anchors: mx.array,
     keys = mx.concatenate([ctx_k, _to_rows(keys, b)], axis=2)  # [b, Hkv, W + N*Bs, hd]
     values = mx.concatenate([ctx_v, _to_rows(values, b)], axis=2)
     out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=attn.scale, mask=mask)
-    h = x + attn.o_proj(_from_rows(out, x.shape[0] // b))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    return layer.combine(x, attn.o_proj(_from_rows(out, x.shape[0] // b)))
 
 
 def _to_rows(x: mx.array, b: int) -> mx.array:

@@ -194,10 +194,14 @@ def test_unknown_architecture_lists_supported_ones():
         normalize_drafter_config(fx.deepspec_config(architectures=["Foo"]))
 
 
-def test_gemma_drafter_is_refused_as_not_yet_supported():
-    """Gemma-4 DSpark drafters are refused clearly for now."""
+def test_other_gemma_drafters_are_refused_clearly():
+    """Only DeepSpec's Gemma4DSparkModel is implemented: other Gemma drafters name it, and a
+    Gemma4DSparkModel config without the Gemma keys says which are missing."""
+    raw = fx.deepspec_config(architectures=["Gemma3DSparkModel"], model_type="gemma3_text")
+    with pytest.raises(DrafterConfigError, match="only Gemma drafter implemented is DeepSpec's Gemma4DSparkModel"):
+        normalize_drafter_config(raw)
     raw = fx.deepspec_config(architectures=["Gemma4DSparkModel"], model_type="gemma4_text")
-    with pytest.raises(DrafterConfigError, match="not yet supported"):
+    with pytest.raises(DrafterConfigError, match="missing global_head_dim"):
         normalize_drafter_config(raw)
 
 

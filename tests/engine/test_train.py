@@ -92,11 +92,13 @@ def corpus(tmp_path_factory):
 # ---------------------------------------------------------------- train / serve consistency
 
 
-@pytest.mark.parametrize("layout", ["deepspec", "dflash"])
+@pytest.mark.parametrize("layout", ["deepspec", "dflash", "gemma4"])
 def test_train_forward_equals_reference_forward_per_anchor(layout):
     """Every block of the batched masked forward equals Drafter.reference_forward at its anchor."""
     target = tiny.tiny_target()
-    drafter = tiny.dspark_drafter() if layout == "deepspec" else tiny.dflash_drafter(target)
+    makers = {"deepspec": tiny.dspark_drafter, "dflash": lambda: tiny.dflash_drafter(target),
+              "gemma4": tiny.gemma_drafter}
+    drafter = makers[layout]()
     cfg = drafter.config
     width = 24
     taps = mx.random.normal((2, width, cfg.num_taps * cfg.hidden_size), key=mx.random.key(1))  # [b, W, m*d]

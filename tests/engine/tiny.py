@@ -1,7 +1,7 @@
 """Tiny in-process targets and drafters for engine tests (float32, CPU, fixed seeds).
 
-Drafters: a real random DSpark drafter (Markov + confidence heads), a real random z-lab DFlash
-drafter bound to the target, an oracle that drafts the target's own greedy continuation (all
+Drafters: a real random DSpark drafter (Markov + confidence heads), its Gemma-4 counterpart
+(DeepSpec Gemma4DSparkModel), a real random z-lab DFlash drafter bound to the target, an oracle that drafts the target's own greedy continuation (all
 drafts accepted), and an always-wrong one (never accepted at greedy).
 """
 
@@ -16,6 +16,7 @@ from engine.models.drafter import Drafter
 from engine.models.drafter_config import normalize_drafter_config
 from engine.models.target import Target
 from tests.engine import drafter_fixtures as fx
+from tests.engine import gemma_drafter_fixtures as gx
 
 VOCAB, HIDDEN, TARGET_LAYERS, BLOCK = fx.VOCAB, fx.HIDDEN, fx.TARGET_LAYERS, fx.BLOCK
 
@@ -51,6 +52,16 @@ def _random_drafter(raw: dict, shapes: dict, seed: int) -> Drafter:
 def dspark_drafter(seed: int = 3, **config) -> Drafter:
     """Random DeepSpec-layout drafter (Markov rank 8, confidence head), float32."""
     return _random_drafter(fx.deepspec_config(**config), fx.deepspec_shapes(), seed)
+
+
+def gemma_drafter(seed: int = 5, **config) -> Drafter:
+    """Random Gemma-4 DSpark drafter sized for `tiny_target` (K = V, soft cap 30, Markov rank 8), float32."""
+    raw = gx.gemma4_dspark_config(hidden_size=HIDDEN, num_target_layers=TARGET_LAYERS, vocab_size=VOCAB,
+                                  target_layer_ids=fx.TAPS, **config)
+    drafter = Drafter(normalize_drafter_config(raw))
+    drafter.load_weights(list(gx.gemma4_dspark_weights(raw, seed).items()), strict=True)
+    mx.eval(drafter.parameters())
+    return drafter
 
 
 def dflash_drafter(target: Target, seed: int = 4) -> Drafter:
