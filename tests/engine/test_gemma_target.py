@@ -48,22 +48,29 @@ def assert_same_or_tie(target, prompt, expected, got, label):
     assert len(got) == len(expected), label
 
 
-def drafters(target):
+@pytest.fixture(scope="module")
+def gemma_drafter(tmp_path_factory):
+    return tg.gemma_dspark_drafter(tmp_path_factory.mktemp("gemma4-dspark"))
+
+
+@pytest.fixture(scope="module")
+def drafters(gemma_drafter):
+    """Every mode: baseline, lookup, and DSpark with the Gemma-4 layout's drafter and a Qwen3-layout one."""
     return {
         "baseline": (None, None),
         "lookup-cap4": (LookupDrafter(LookupConfig(min_ngram=1, max_ngram=3, max_drafts=4)), 4),
-        "dspark-cap1": (tg.random_dspark_drafter(), 1),
-        "dspark-cap3": (tg.random_dspark_drafter(), 3),
+        "gemma4-dspark-cap3": (gemma_drafter, 3),
+        "qwen3-dspark-cap1": (tg.random_dspark_drafter(), 1),
     }
 
 
-def test_greedy_equals_mlx_vlm_generation(model, reference):
+def test_greedy_equals_mlx_vlm_generation(model, reference, drafters):
     """10 prompts x 64 tokens: every mode's greedy output is mlx-vlm's (ties reported), round
     invariants hold, and rounds did roll back across the window edge."""
     target = tg.gemma_target(model)
     target.check_taps()
     rolled_back = 0
-    for name, (drafter, cap) in drafters(target).items():
+    for name, (drafter, cap) in drafters.items():
         for prompt, expected in zip(PROMPTS, reference):
             dec = make_decoder(target, drafter, cap)
             got = run(dec, prompt, TOKENS)
@@ -97,12 +104,12 @@ def image_cases(model):
     return cases
 
 
-def test_greedy_with_an_image_equals_mlx_vlm_generation(model, image_cases, reference):
+def test_greedy_with_an_image_equals_mlx_vlm_generation(model, image_cases, reference, drafters):
     """10 prompts with one image x 64 tokens: the image is read through the vision tower (the answers
     differ from the text-only ones) and every mode's greedy output is mlx-vlm's."""
     target = tg.gemma_target(model)
     assert sum(case[1] != ref for case, ref in zip(image_cases, reference)) >= 5
-    for name, (drafter, cap) in drafters(target).items():
+    for name, (drafter, cap) in drafters.items():
         for expanded, expected in image_cases:
             dec = make_decoder(target, drafter, cap)
             got = dec.prefill(expanded.ids, None, None, expanded.inputs)

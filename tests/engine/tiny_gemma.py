@@ -97,3 +97,16 @@ def png(seed: int, size: int = 16) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def gemma_dspark_drafter(directory, taps: tuple[int, ...] = TAPS, vocab: int = VOCAB, seed: int = 6):
+    """A random Gemma-4-layout DSpark drafter for this target, written as a checkpoint under the
+    published key names (tests/engine/gemma_drafter_fixtures.py) and loaded as serving loads it."""
+    from engine.loading.drafter import load_drafter
+    from tests.engine.gemma_drafter_fixtures import write_gemma4_dspark
+
+    write_gemma4_dspark(directory, hidden_size=HIDDEN, num_target_layers=LAYERS, vocab_size=vocab,
+                        target_layer_ids=list(taps), seed=seed, mask_token_id=vocab - 1, dtype=mx.float32)
+    drafter, _ = load_drafter(str(directory), target_vocab_size=vocab, target_num_layers=LAYERS,
+                              target_hidden_size=HIDDEN)
+    return drafter
