@@ -110,3 +110,50 @@ def gemma_dspark_drafter(directory, taps: tuple[int, ...] = TAPS, vocab: int = V
     drafter, _ = load_drafter(str(directory), target_vocab_size=vocab, target_num_layers=LAYERS,
                               target_hidden_size=HIDDEN)
     return drafter
+
+
+# A chat template in the style of multimodal HF templates: an {"type": "image"} part renders the
+# image placeholder token, text parts their text.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<start> {{ m['role'] }} "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %} <image> {% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+    " <end> {% endfor %}{% if add_generation_prompt %}<start> model {% endif %}"
+)
+
+
+def word_tokenizer(vocab: int = VOCAB):
+    """A real Hugging Face fast tokenizer (wrapped as mlx-lm wraps one): id i is the word "w<i>", with
+    <eos> = 1, the chat markers, the role names as the last four ids, and the image tokens at their ids."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = {"<pad>": 0, "<eos>": 1, "<start>": 2, "<end>": 3, "<image>": IMAGE_TOKEN, "<boi>": BOI_TOKEN,
+               "<eoi>": EOI_TOKEN, "<unk>": 4}
+    roles = {"user": vocab - 4, "assistant": vocab - 3, "model": vocab - 2, "system": vocab - 1}
+    words = {f"w{i}": i for i in range(5, vocab - 4) if i not in special.values()}
+    words |= roles
+    core = Tokenizer(models.WordLevel({**special, **words}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                 additional_special_tokens=["<start>", "<end>", "<image>", "<boi>", "<eoi>"])
+    hf.chat_template = CHAT_TEMPLATE
+    return TokenizerWrapper(hf)
+
+
+def gemma_runtime(config=None):
+    """A Runtime serving the tiny Gemma-4 with its vision half in baseline mode: a runtime factory for
+    the real EngineClient (engine/worker.py), so a test serves images end to end without any download."""
+    from engine.api import EngineConfig, EngineInfo
+    from engine.runtime import Runtime, eos_ids
+    from engine.vision import vision_for
+
+    config = config or EngineConfig()
+    model = tiny_gemma4(seed=0, scale=2.0)
+    tokenizer = word_tokenizer()
+    info = EngineInfo(model_id="tiny-gemma4", model_path="(in-process)", mode="baseline", drafter=None, cap=None,
+                      context_length=1024, sampler="rejection", vocab_size=VOCAB, vision=True,
+                      image_token_id=IMAGE_TOKEN)
+    return Runtime(Target(model.language_model), None, tokenizer, info, eos_ids(tokenizer), config.spec,
+                   vision=vision_for(model, TinyProcessor()))
