@@ -31,7 +31,7 @@ INERT: dict[str, Any] = {
     "prompt_cache_retention": None,
 }
 # Nested inert fields (list indices written `[]`), accepted with any value under --strict-params.
-INERT_PATHS = frozenset({"messages[].content[].image_url.detail", "input[].content[].detail"})
+INERT_PATHS = frozenset({"messages[].content[].image_url.detail", "input[].content[].detail", "input[].output[].detail"})
 _INDEX = re.compile(r"\[\d+\]")
 _logged: set[str] = set()
 # Client-chosen names end up in a response header, metric labels and the log: each is cut to

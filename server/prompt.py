@@ -196,7 +196,11 @@ def _message_dict(m: ChatMessage, native_calls: bool) -> dict[str, Any]:
         return {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
     if m.tool_calls:
         calls = "\n".join(_hermes_call(c) for c in m.tool_calls)
-        item["content"] = f"{item['content']}\n{calls}" if item["content"] else calls
+        content = item["content"]
+        if isinstance(content, list):  # parts with images: the calls are one more text part
+            item["content"] = [*content, {"type": "text", "text": calls}]
+        else:
+            item["content"] = f"{content}\n{calls}" if content else calls
     return item
 
 

@@ -201,7 +201,7 @@ _REFUSAL_PART = {"type": "object", "required": ["type", "refusal"],
                  "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}}}
 _IMAGE_URL = {"type": "object", "required": ["url"], "properties": {
     "url": {"type": "string", "minLength": 1, "description": "http(s) URL, or data:image/<type>;base64,..."},
-    "detail": {"type": ["string", "null"], "description": "accepted and ignored"}}}
+    "detail": {"description": "accepted and ignored"}}}
 # Documented only when the served model takes images (server.openapi drops it otherwise).
 _IMAGE_PART = {"type": "object", "required": ["type", "image_url"], VISION_ONLY: True,
                "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [
@@ -240,11 +240,19 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+def images_from_the_user_only(part_type: str) -> dict[str, Any]:
+    """The schema rule of `_images_from_the_user`: a message whose role is not user holds no `part_type` part."""
+    image = {"type": "object", "required": ["type"], "properties": {"type": {"const": part_type}}}
+    return {"if": {"required": ["role"], "properties": {"role": {"not": {"const": "user"}}}},
+            "then": {"properties": {"content": {"not": {"type": "array", "contains": image}}}}}
+
+
 def _content_required_unless_assistant(schema: dict[str, Any]) -> None:
-    """The schema's form of `_assistant_may_omit_content`."""
+    """The schema's form of `_assistant_may_omit_content` and `_images_from_the_user`."""
     schema["required"] = [name for name in schema.get("required", []) if name != "content"]
     schema["if"] = {"properties": {"role": {"not": {"const": "assistant"}}}}
     schema["then"] = {"required": ["content"]}
+    schema["allOf"] = [images_from_the_user_only("image_url")]
 
 
 class ChatMessage(BaseModel):

@@ -17,6 +17,10 @@ from server.errors import APIError
 from server.images import ImageError, ImageLimits, load_image
 from server.protocol import ChatCompletionRequest, ImagePart
 
+# Most images one request may carry: each may be up to --image-max-bytes, all held until the request is
+# submitted, so the count bounds what one request can make the server download and keep.
+MAX_IMAGES = 16
+
 
 @dataclass(frozen=True)
 class ImageRef:
@@ -43,10 +47,14 @@ def image_refs(req: ChatCompletionRequest, params: Sequence[tuple[str, str]] | N
 
 
 def require_vision(refs: list[ImageRef], info: EngineInfo) -> None:
-    """400 naming the first image part when the served model does not take images (nothing is fetched)."""
+    """400 naming the first image part when the served model does not take images, or the first one past
+    MAX_IMAGES (checked before anything is fetched)."""
     if refs and not info.vision:
         raise APIError(400, f"The served model {info.model_id} does not take images (it is not a vision model); "
                             "send text only.", param=refs[0].param, code="unsupported_parameter")
+    if len(refs) > MAX_IMAGES:
+        raise APIError(400, f"A request may carry at most {MAX_IMAGES} images; this one has {len(refs)}.",
+                       param=refs[MAX_IMAGES].param, code="invalid_value")
 
 
 async def load_images(refs: list[ImageRef], limits: ImageLimits) -> tuple[ImageInput, ...]:

@@ -28,6 +28,7 @@ from server.errors import APIError
 from server.messages.protocol import CountTokensRequest, MessageParam, MessagesRequest
 from server.protocol import ChatCompletionRequest
 
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")  # what Anthropic's API takes
 _REFUSED_BLOCKS = {"document": "documents", "search_result": "search results",
                    "server_tool_use": "server tools", "web_search_tool_result": "server tools",
                    "container_upload": "files"}
@@ -96,8 +97,9 @@ def _image_url(block: dict[str, Any], where: str) -> str:
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
         media_type, data = source.get("media_type"), source.get("data")
-        if not isinstance(media_type, str) or not isinstance(data, str):
-            raise _invalid(where, f"A base64 '{where}' needs 'media_type' and 'data' strings")
+        if media_type not in IMAGE_MEDIA_TYPES or not isinstance(data, str):
+            raise _invalid(where, f"A base64 '{where}' needs 'data' (a string) and a 'media_type' among "
+                                  f"{', '.join(IMAGE_MEDIA_TYPES)}")
         return f"data:{media_type};base64,{data}"
     if kind == "url":
         if not isinstance(source.get("url"), str) or not source["url"]:

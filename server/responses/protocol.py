@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from server.protocol import TOLERANT_ONLY, VISION_ONLY, Int, invalid, unsupported
+from server.protocol import TOLERANT_ONLY, VISION_ONLY, Int, images_from_the_user_only, invalid, unsupported
 
 CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)  # as server.protocol's request models
 
@@ -60,7 +60,7 @@ def _parts_schema(kinds: tuple[str, ...], nullable: bool) -> dict[str, Any]:
                       "properties": {**_PART_EXTRAS, "type": {"const": "refusal"}, "refusal": {"type": "string"}}})
     if "input_image" in kinds:  # documented only when the model takes images (server.openapi)
         parts.append({"type": "object", "required": ["type", "image_url"], VISION_ONLY: True, "properties": {
-            **_PART_EXTRAS, "type": {"const": "input_image"}, "detail": {"type": ["string", "null"]},
+            **_PART_EXTRAS, "type": {"const": "input_image"}, "detail": {"description": "accepted and ignored"},
             "image_url": {"type": "string", "minLength": 1, "description": "http(s) URL or data:image/... URL"}}})
     branches: list[dict[str, Any]] = [{"type": "array", "items": {"anyOf": parts}}]
     if "input_text" in kinds:
@@ -82,8 +82,11 @@ def _item_schema(kind: str) -> dict[str, Any]:
            for name in ("call_id", "name", "arguments", "id", "status", "encrypted_content")},
         "summary": {"type": ["array", "null"]},
     }
-    return {"type": "object", "required": sorted(required | ({"type"} if kind != "message" else set())),
-            "properties": props}
+    schema = {"type": "object", "required": sorted(required | ({"type"} if kind != "message" else set())),
+              "properties": props}
+    if kind == "message":
+        schema["allOf"] = [images_from_the_user_only("input_image")]
+    return schema
 
 
 def _document_request(schema: dict[str, Any]) -> None:

@@ -93,3 +93,13 @@ def test_one_placeholder_per_image_in_order(template, image_id):
     marker = next(k for k, v in SPECIAL.items() if v == image_id)
     assert text.index("First:") < text.index(marker) < text.index("second:")
     assert text.rindex(marker) < text.index("And this?")
+
+
+def test_hermes_calls_on_a_message_with_images_keep_the_images():
+    """A template without tool support gets history calls as text: added as one more part, not by
+    flattening the parts to a string (which would lose the image placeholders)."""
+    req = request({"role": "user", "content": [IMAGE, {"type": "text", "text": "hi"}],
+                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+    (message,) = chat_messages(req.messages, native_calls=False, fallback_tools=None)
+    assert message["content"][:2] == [{"type": "image"}, {"type": "text", "text": "hi"}]
+    assert message["content"][2]["text"].startswith("<tool_call>")

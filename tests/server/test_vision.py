@@ -150,6 +150,15 @@ async def test_images_only_in_user_messages(vision_engine):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0]"
 
 
+async def test_at_most_max_images(vision_engine, srv):
+    from server.vision import MAX_IMAGES
+    parts = [image_part(f"{srv.base_url}/ok.png")] * (MAX_IMAGES + 1)
+    async with make_client(vision_engine) as c:
+        r = await c.post(CHAT, json=with_images(*parts))
+    assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[0].content[{MAX_IMAGES + 1}]"
+    assert srv.paths == []
+
+
 async def test_streamed_image_chat(vision_engine):
     async with make_client(vision_engine) as c:
         r = await c.post(CHAT, json=with_images(image_part(data_url(PNG)), stream=True))
@@ -216,5 +225,6 @@ async def test_openapi_documents_images_only_for_a_vision_model(vision_engine):
     for engine, expected in ((FakeEngine(), False), (vision_engine, True)):
         async with make_client(engine) as c:
             text = (await c.get("/openapi.json")).text
-        assert ('"image_url"' in text) == expected and ('"input_image"' in text) == expected
+        # chat's and the Responses image parts describe their URL; the Messages image block has a base64 source
+        assert ("data:image/" in text) == expected and ('"const":"base64"' in text) == expected
         assert "x-vision-only" not in text
