@@ -21,12 +21,19 @@ _SERVER_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--keepalive", "keepalive_s", "seconds of stream silence before an SSE keep-alive comment (default: 15)"),
     ("--max-body-bytes", "max_body_bytes", "largest request body accepted, else 413 (default: 8388608)"),
     ("--drain-grace", "drain_grace_s", "seconds in-flight requests may still run after SIGTERM (default: 30)"),
+    ("--image-max-bytes", "image_max_bytes", "largest image a request may send or link to, else 400 "
+                                             "(default: 20971520)"),
+    ("--image-timeout", "image_timeout_s", "seconds one image URL may take to fetch, redirects included "
+                                           "(default: 10)"),
+    ("--image-max-pixels", "image_max_pixels", "most pixels of one image, checked before decoding "
+                                               "(default: 50000000)"),
     ("--prefix-cache-mb", "prefix_cache_mb", "MiB of finished requests' caches kept, so that a prompt sharing their "
                                              "prefix prefills only the rest; 0: off (default: memory / 8, at most 4096)"),
 )
 _METAVARS = {"host": "HOST", "port": "PORT", "api_key": "KEY", "allowed_origins": "ORIGINS", "allowed_hosts": "HOSTS",
              "max_queue": "N", "keepalive_s": "SECONDS", "max_body_bytes": "BYTES", "drain_grace_s": "SECONDS",
-             "prefix_cache_mb": "MIB"}
+             "prefix_cache_mb": "MIB", "image_max_bytes": "BYTES", "image_timeout_s": "SECONDS",
+             "image_max_pixels": "PIXELS"}
 _SPEC_FIELDS = ("model", "drafter", "mode", "sampler", "max_draft", "confidence_threshold", "drafter_quantization",
                "lookup_min_ngram", "lookup_history")
 
@@ -42,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--strict-params", dest="strict_params", action="store_true", default=None,
                    help="refuse request fields the server ignores, as OpenAI does (default: ignore and report "
                         f"them) [env {ENV_PREFIX}STRICT_PARAMS]")
+    p.add_argument("--allow-private-image-urls", dest="allow_private_image_urls", action="store_true", default=None,
+                   help="fetch image URLs that resolve to loopback, private or link-local addresses too (default: "
+                        f"refused, the SSRF guard) [env {ENV_PREFIX}ALLOW_PRIVATE_IMAGE_URLS]")
     p.set_defaults(run=run)
 
 
@@ -49,7 +59,7 @@ def settings_from_args(args: argparse.Namespace):
     """ServerSettings from the flags given (spec flags already fell back to the environment)."""
     from server.settings import ServerSettings
 
-    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS) + ("strict_params",)
+    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS) + ("strict_params", "allow_private_image_urls")
     return ServerSettings(**{f: getattr(args, f) for f in fields if getattr(args, f, None) is not None})
 
 

@@ -219,9 +219,11 @@ def from_validation_error(exc: ValidationError) -> APIError:
 
 
 def param_name(loc: tuple[int | str, ...]) -> str | None:
-    """('messages', 0, 'content') -> 'messages[0].content'."""
+    """('messages', 0, 'content') -> 'messages[0].content'. A union's tag (`<image>`) is not a field: left out."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and part.startswith("<") and part.endswith(">"):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or None
 

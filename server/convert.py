@@ -13,7 +13,9 @@ import time
 import uuid
 from typing import Any
 
-from engine.api import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenEvent, TokenLogprob
+from engine.api import (
+    Finished, GenerationRequest, GrammarSpec, ImageInput, SamplingParams, TokenEvent, TokenLogprob,
+)
 from server import logprobs as lp
 from server import sse
 from server.errors import APIError
@@ -59,9 +61,10 @@ def sampling_params(req: GenerationFields) -> SamplingParams:
 
 def generation_request(
     request_id: str, req: GenerationFields, prompt_ids: list[int], max_tokens: int | None, context_length: int,
-    logprobs: int | None = None, grammar: GrammarSpec | None = None,
+    logprobs: int | None = None, grammar: GrammarSpec | None = None, images: tuple[ImageInput, ...] = (),
 ) -> GenerationRequest:
-    """The engine request; without `max_tokens` the rest of the context window is the limit."""
+    """The engine request; without `max_tokens` the rest of the context window is the limit. `images`: in
+    prompt order (server.vision.load_images)."""
     if max_tokens is None:
         max_tokens = max(context_length - len(prompt_ids), 1)  # an over-long prompt fails in submit()
     return GenerationRequest(
@@ -72,6 +75,7 @@ def generation_request(
         stop=tuple(req.stop or ()),
         logprobs=logprobs,
         grammar=grammar,
+        images=images,
     )
 
 

@@ -29,6 +29,7 @@ from server.messages.protocol import CountTokensRequest, MessagesRequest
 from server.protocol import (
     OPENAI_MAX_STOP,
     TOLERANT_ONLY,
+    VISION_ONLY,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,8 +39,8 @@ from server.protocol import (
 )
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
-    400: "Invalid request: malformed JSON, wrong types or values, what would be served wrongly (n > 1, image or "
-         "audio input, a response_format or tool schema the grammar engine cannot enforce), unknown fields under "
+    400: "Invalid request: malformed JSON, wrong types or values, what would be served wrongly (n > 1, audio "
+         "input, images for a model that does not take them or that cannot be fetched or decoded, a response_format or tool schema the grammar engine cannot enforce), unknown fields under "
          "--strict-params, or prompt + max_tokens beyond the context window (code context_length_exceeded)",
     401: "Missing or wrong API key (only when the server runs with --api-key)",
     404: "Unknown model (code model_not_found) or URL",
@@ -109,13 +110,14 @@ def build(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(request_schemas(bool(app_state.settings.strict_params), info))
+    vision = bool(info is not None and info.vision)
     for model in RESPONSE_MODELS:
         _add_model(components, model)
     strict = bool(app_state.settings.strict_params)
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             operation.get("responses", {}).pop("422", None)
-            _apply_policy_inline(operation, strict)
+            _apply_policy_inline(operation, strict, vision)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     if info is not None:
@@ -128,8 +130,9 @@ def request_schemas(strict: bool, info: EngineInfo | None) -> dict[str, Any]:
     components: dict[str, Any] = {}
     for model in REQUEST_MODELS:
         _add_model(components, model)
+    vision = bool(info is not None and info.vision)
     for component in components.values():
-        _select_branches(component, strict)
+        _select_branches(component, strict, vision)
         _set_additional_properties(component, allowed=not strict)
     for model in REQUEST_MODELS:
         body = components[model.__name__]
@@ -176,18 +179,21 @@ def _set_additional_properties(node: Any, allowed: bool) -> None:
             _set_additional_properties(value, allowed)
 
 
-def _select_branches(node: Any, strict: bool) -> None:
-    """Drop the `anyOf` branches marked TOLERANT_ONLY under --strict-params; else just the marks."""
+def _select_branches(node: Any, strict: bool, vision: bool) -> None:
+    """Drop the `anyOf` branches marked TOLERANT_ONLY under --strict-params, and those marked VISION_ONLY
+    (image parts) unless the served model takes images; then the marks."""
     if isinstance(node, list):
         for item in node:
-            _select_branches(item, strict)
+            _select_branches(item, strict, vision)
     if not isinstance(node, dict):
         return
-    if strict and isinstance(node.get("anyOf"), list):
-        node["anyOf"] = [b for b in node["anyOf"] if not (isinstance(b, dict) and b.get(TOLERANT_ONLY))]
+    dropped = ([TOLERANT_ONLY] if strict else []) + ([] if vision else [VISION_ONLY])
+    if dropped and isinstance(node.get("anyOf"), list):
+        node["anyOf"] = [b for b in node["anyOf"] if not (isinstance(b, dict) and any(b.get(m) for m in dropped))]
     node.pop(TOLERANT_ONLY, None)
+    node.pop(VISION_ONLY, None)
     for value in node.values():
-        _select_branches(value, strict)
+        _select_branches(value, strict, vision)
 
 
 def _json_schema_bounds(node: Any) -> None:
@@ -277,13 +283,14 @@ def decimal_below(n: int) -> str:
     return "(?:" + "|".join(parts) + ")"
 
 
-def _apply_policy_inline(operation: dict[str, Any], strict: bool) -> None:
+def _apply_policy_inline(operation: dict[str, Any], strict: bool, vision: bool) -> None:
     """A request body a route documents inline (not a component): the policy's additional properties,
-    and under --strict-params the inert OpenAI fields it accepts at their no-op values."""
+    the image parts if the model takes images, and under --strict-params the inert OpenAI fields it
+    accepts at their no-op values."""
     body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
     if not isinstance(body, dict) or "$ref" in body:
         return
-    _select_branches(body, strict)
+    _select_branches(body, strict, vision)
     _set_additional_properties(body, allowed=not strict)
     if strict:
         body["properties"].update({k: v for k, v in _inert_properties().items() if k not in body["properties"]})

@@ -30,6 +30,8 @@ INERT: dict[str, Any] = {
     "service_tier": None, "verbosity": None, "prediction": None, "web_search_options": None,
     "prompt_cache_retention": None,
 }
+# Nested inert fields (list indices written `[]`), accepted with any value under --strict-params.
+INERT_PATHS = frozenset({"messages[].content[].image_url.detail", "input[].content[].detail", "input[].output[].detail"})
 _INDEX = re.compile(r"\[\d+\]")
 _logged: set[str] = set()
 # Client-chosen names end up in a response header, metric labels and the log: each is cut to
@@ -42,7 +44,8 @@ MAX_LOGGED_NAMES = 1000  # distinct names logged per process; later ones are cou
 def unmodelled(model: type[BaseModel], data: Any, path: str = "") -> list[str]:
     """Paths of the keys in `data` that `model` (and the models nested in it) does not define.
 
-    Example: `["metadata", "messages[1].cache_control"]`, in the order they appear.
+    Example: `["metadata", "messages[1].cache_control"]`, in the order they appear. Where a field holds
+    one of several models (chat content parts), the one whose `type` matches the item's reads it.
     """
     if not isinstance(data, dict):
         return []
@@ -54,17 +57,18 @@ def unmodelled(model: type[BaseModel], data: Any, path: str = "") -> list[str]:
         if field is None:
             out.append(where)
             continue
-        nested, is_list = _nested_model(field.annotation)
-        if nested is None:
+        models, is_list = _nested_models(field.annotation)
+        if not models:
             continue
         if is_list and isinstance(value, list):
             for i, item in enumerate(value):
+                nested = _model_for(models, item)
                 if _ignored_whole(nested, item):
                     out.append(f"{where}[{i}]")
                     continue
                 out += unmodelled(nested, item, f"{where}[{i}]")
         elif not is_list:
-            out += unmodelled(nested, value, where)
+            out += unmodelled(_model_for(models, value), value, where)
     return out
 
 
@@ -75,27 +79,44 @@ def _ignored_whole(model: type[BaseModel], item: Any) -> bool:
     return bool(hook is not None and hook(item))
 
 
-def _nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """(model, is_list) when the annotation is a model or a list of models, possibly optional."""
+def _nested_models(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
+    """(models, is_list) when the annotation is a model, a union of models, or a list of them, possibly
+    optional; no models otherwise."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
+        return (annotation,), False
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is list and args:
-        inner, _ = _nested_model(args[0])
+        inner, _ = _nested_models(args[0])
         return inner, True
     if origin in (typing.Union, types.UnionType) or origin is typing.Annotated:
+        models: tuple[type[BaseModel], ...] = ()
+        is_list = False
         for arg in args:
-            found = _nested_model(arg)
-            if found[0] is not None:
-                return found
-    return None, False
+            found, listed = _nested_models(arg)
+            if found and not models:
+                is_list = listed
+            models += found if listed == is_list else ()
+        return models, is_list
+    return (), False
+
+
+def _model_for(models: tuple[type[BaseModel], ...], item: Any) -> type[BaseModel]:
+    """Of `models`, the one whose `type` field is a literal naming `item["type"]`; else the first."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    for model in models:
+        field = model.model_fields.get("type")
+        if field is not None and kind in typing.get_args(field.annotation):
+            return model
+    return models[0]
 
 
 def refuse_unmodelled(data: dict[str, Any], paths: list[str]) -> None:
     """Strict mode: a 400 for the first of `paths` (`unmodelled(model, data)`) that the server would
     ignore; inert fields at their no-op value pass."""
     for where in paths:
+        if _INDEX.sub("[]", where) in INERT_PATHS:
+            continue
         if where in INERT:  # top-level names only: nested paths never match
             value, noop = data[where], INERT[where]
             if value is None or noop is ANY or (type(value) is type(noop) and value == noop):  # 0 is not false

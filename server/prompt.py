@@ -163,9 +163,25 @@ def chat_messages(messages: list[ChatMessage], native_calls: bool,
     return out
 
 
+def template_content(m: ChatMessage) -> str | list[dict[str, str]]:
+    """A message's content as the chat template takes it.
+
+    Text only (most messages): one string, the text parts joined by newlines. With images: the parts in
+    order, as the multimodal chat templates of Hugging Face models read them: `{"type": "text", "text": ...}`
+    and `{"type": "image"}` for each image. Such a template writes its image placeholder (Qwen2-VL's
+    `<|image_pad|>`, Gemma 3's `<start_of_image>`, LLaVA's `<image>`) once per image part, so the
+    rendered ids hold one `EngineInfo.image_token_id` per image, in the order of `server.vision.image_refs`;
+    expanding it to the image's patch count is the engine's job.
+    """
+    if not m.has_images:
+        return m.text()
+    return [{"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text}
+            for part in m.content]
+
+
 def _message_dict(m: ChatMessage, native_calls: bool) -> dict[str, Any]:
     role = _TEMPLATE_ROLES.get(m.role, m.role)
-    item: dict[str, Any] = {"role": role, "content": m.text()}
+    item: dict[str, Any] = {"role": role, "content": template_content(m)}
     if m.name is not None:
         item["name"] = m.name
     if m.reasoning_text is not None:
@@ -180,7 +196,11 @@ def _message_dict(m: ChatMessage, native_calls: bool) -> dict[str, Any]:
         return {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
     if m.tool_calls:
         calls = "\n".join(_hermes_call(c) for c in m.tool_calls)
-        item["content"] = f"{item['content']}\n{calls}" if item["content"] else calls
+        content = item["content"]
+        if isinstance(content, list):  # parts with images: the calls are one more text part
+            item["content"] = [*content, {"type": "text", "text": calls}]
+        else:
+            item["content"] = f"{content}\n{calls}" if content else calls
     return item
 
 

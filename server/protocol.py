@@ -6,7 +6,7 @@ Schema). By default the server is tolerant: fields it does not model are ignored
 lists them for the log, the metrics and the `X-Dspark-Ignored` header). With `--strict-params`
 (validation context `{"strict_params": True}`) it answers as OpenAI does: unknown fields and more
 than 4 stop strings get a 400. Either way a 400 stays for what would otherwise be served wrongly: `n > 1`,
-image or audio input, audio output, and a `response_format` or tool schema the grammar engine cannot
+audio input, image input to a model that does not take images (server/vision.py), audio output, and a `response_format` or tool schema the grammar engine cannot
 enforce (server/structured.py).
 Extensions: `top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs` (as in vLLM) and the
 `dspark` object (`{"sampler": ...}`).
@@ -20,8 +20,8 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, create_model, field_validator,
-    model_validator,
+    BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationInfo, WithJsonSchema, create_model,
+    field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -43,6 +43,8 @@ _INPUT_PARTS = {"image_url": "image", "input_image": "image", "image": "image", 
 
 # Marks a schema branch that only the tolerant policy accepts (server.openapi drops it under --strict-params).
 TOLERANT_ONLY = "x-tolerant-only"
+# Marks a schema branch served only by a model that takes images (server.openapi drops it for other models).
+VISION_ONLY = "x-vision-only"
 
 
 def strict_params(info: ValidationInfo) -> bool:
@@ -136,7 +138,7 @@ class TextPart(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _only_text(cls, data: Any) -> Any:
-        """Name the part type a text-only model cannot take, instead of listing missing fields."""
+        """Read Responses-style text and refusal parts as text; name a part type that is not served."""
         if not isinstance(data, dict) or not isinstance(data.get("type"), str):
             return data
         kind = data["type"]
@@ -144,26 +146,71 @@ class TextPart(BaseModel):
             return {"type": "text", "text": data.get("text")}
         if kind == "refusal":
             return {"type": "text", "text": data.get("refusal")}
+        if kind in ("input_image", "image"):
+            raise PydanticCustomError(
+                "unsupported_content_part",
+                "Content part type '{kind}' is not supported in chat messages: send an image as an 'image_url' "
+                "part (for a vision model).", {"kind": kind})
         if kind != "text":
             what = _INPUT_PARTS.get(kind, kind)
             raise PydanticCustomError(
                 "unsupported_content_part",
-                "Content part type '{kind}' is not supported: the served model reads text only ({what} input "
-                "would be dropped). Send text parts.",
+                "Content part type '{kind}' is not supported: the server takes text parts, and image_url parts "
+                "for a vision model ({what} input would be dropped).",
                 {"kind": kind, "what": what},
             )
         return data
 
 
+class ImageURL(BaseModel):
+    """`image_url` of an image part. `detail` is not read (the model's processor decides the resolution):
+    it is ignored and reported (server/policy.py; accepted under --strict-params, as OpenAI's inert fields)."""
+
+    model_config = _CONFIG
+    url: str = Field(min_length=1, description="an http(s) URL the server fetches, or a data:image/...;base64 URL")
+
+
+class ImagePart(BaseModel):
+    """A content part: an image, for a vision model (server/images.py fetches and checks it)."""
+
+    model_config = _CONFIG
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_url(cls, data: Any) -> Any:
+        """`"image_url": "<url>"`, the undocumented string form OpenAI also takes, is `{"url": "<url>"}`."""
+        if isinstance(data, dict) and isinstance(data.get("image_url"), str):
+            return {**data, "image_url": {"url": data["image_url"]}}
+        return data
+
+
+def _part_kind(data: Any) -> str:
+    """Which model reads a content part: the image model for `image_url` parts, the text model otherwise
+    (it names the types that are not served)."""
+    kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
+    return "<image>" if kind == "image_url" else "<text>"
+
+
+# Tags in angle brackets: error locations leave them out (server.body.param_name), so errors name the part.
+Part = Annotated[Annotated[TextPart, Tag("<text>")] | Annotated[ImagePart, Tag("<image>")], Discriminator(_part_kind)]
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"enum": ["text", "input_text", "output_text"]}, "text": {"type": "string"}}}
 _REFUSAL_PART = {"type": "object", "required": ["type", "refusal"],
                  "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}}}
+_IMAGE_URL = {"type": "object", "required": ["url"], "properties": {
+    "url": {"type": "string", "minLength": 1, "description": "http(s) URL, or data:image/<type>;base64,..."},
+    "detail": {"description": "accepted and ignored"}}}
+# Documented only when the served model takes images (server.openapi drops it otherwise).
+_IMAGE_PART = {"type": "object", "required": ["type", "image_url"], VISION_ONLY: True,
+               "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [
+                   _IMAGE_URL, {"type": "string", "minLength": 1}]}}}
 Content = Annotated[
-    list[TextPart],
+    list[Part],
     BeforeValidator(_content_parts),
     WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"},
-                              {"type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART]}}]}),
+                              {"type": "array", "items": {"anyOf": [_TEXT_PART, _REFUSAL_PART, _IMAGE_PART]}}]}),
 ]
 
 
@@ -193,11 +240,19 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+def images_from_the_user_only(part_type: str) -> dict[str, Any]:
+    """The schema rule of `_images_from_the_user`: a message whose role is not user holds no `part_type` part."""
+    image = {"type": "object", "required": ["type"], "properties": {"type": {"const": part_type}}}
+    return {"if": {"required": ["role"], "properties": {"role": {"not": {"const": "user"}}}},
+            "then": {"properties": {"content": {"not": {"type": "array", "contains": image}}}}}
+
+
 def _content_required_unless_assistant(schema: dict[str, Any]) -> None:
-    """The schema's form of `_assistant_may_omit_content`."""
+    """The schema's form of `_assistant_may_omit_content` and `_images_from_the_user`."""
     schema["required"] = [name for name in schema.get("required", []) if name != "content"]
     schema["if"] = {"properties": {"role": {"not": {"const": "assistant"}}}}
     schema["then"] = {"required": ["content"]}
+    schema["allOf"] = [images_from_the_user_only("image_url")]
 
 
 class ChatMessage(BaseModel):
@@ -212,6 +267,13 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = Field(default=None, description="earlier reasoning; given to the template")
     reasoning: str | None = Field(default=None, description="alias of reasoning_content (vLLM's name)")
 
+    @model_validator(mode="after")
+    def _images_from_the_user(self) -> ChatMessage:
+        """Images come in user turns only (as in OpenAI's API; chat templates place them there)."""
+        if self.role != "user" and self.has_images:
+            raise invalid("content", f"Image parts are accepted in user messages only, not in a '{self.role}' message.")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _assistant_may_omit_content(cls, data: Any) -> Any:
@@ -221,8 +283,13 @@ class ChatMessage(BaseModel):
         return data
 
     def text(self) -> str:
-        """The content as one string (text parts joined by newlines, as vLLM does)."""
-        return "\n".join(part.text for part in self.content)
+        """The text of the content as one string (text parts joined by newlines, as vLLM does; images left out)."""
+        return "\n".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    @property
+    def has_images(self) -> bool:
+        """Whether the content holds image parts."""
+        return any(isinstance(part, ImagePart) for part in self.content)
 
     @property
     def reasoning_text(self) -> str | None:

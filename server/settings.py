@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.api import EngineConfig, SpecConfig
+from server.images import ImageLimits
 
 ENV_PREFIX = "DSPARK_"
 
@@ -51,6 +52,13 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body (else 413)")
     drain_grace_s: float = Field(default=30.0, ge=0, description="after SIGTERM, how long requests may still run")
 
+    # Images in requests (vision models; server/images.py).
+    image_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1, description="largest image, fetched or data: URL")
+    image_timeout_s: float = Field(default=10.0, gt=0, description="longest fetch of one image URL, redirects included")
+    image_max_pixels: int = Field(default=50_000_000, ge=1, description="most pixels of one image (bomb guard)")
+    allow_private_image_urls: bool = Field(
+        default=False, description="fetch image URLs on loopback and private addresses too (SSRF guard off)")
+
     @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -82,6 +90,11 @@ class ServerSettings(BaseSettings):
                           lookup_history=self.lookup_history)
         cache_bytes = None if self.prefix_cache_mb is None else self.prefix_cache_mb * 2**20  # None: the engine sizes it
         return EngineConfig(model=self.model, spec=spec, max_queue=self.max_queue, prefix_cache_bytes=cache_bytes)
+
+    def image_limits(self) -> ImageLimits:
+        """What one image of a request may cost (server/images.py)."""
+        return ImageLimits(max_bytes=self.image_max_bytes, timeout_s=self.image_timeout_s,
+                           max_pixels=self.image_max_pixels, allow_private=self.allow_private_image_urls)
 
     def base_url(self) -> str:
         """The OpenAI base URL clients should use (`http://host:port/v1`)."""

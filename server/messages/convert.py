@@ -2,7 +2,9 @@
 
 - `system` (a string or text blocks) becomes the first system message.
 - A user turn's `tool_result` blocks become `tool` messages (in order, before the turn's text);
-  its text blocks are joined with "\\n". An assistant turn's `text` blocks are its content,
+  its text blocks are joined with "\\n"; with `image` blocks (a base64 or url `source`, for a vision
+  model) its text and images are chat content parts in their order (images as `image_url` parts,
+  base64 as a data: URL). An assistant turn's `text` blocks are its content,
   `tool_use` blocks its `tool_calls` (arguments as JSON text), `thinking` blocks its reasoning.
 - `tools` become function tools (`input_schema` is the parameters); `tool_choice` auto/any/tool/
   none become "auto"/"required"/a named function/"none"; `disable_parallel_tool_use` is
@@ -10,7 +12,8 @@
 - `stop_sequences` are stop strings; `thinking` switches the template's thinking (off for
   "disabled"; `budget_tokens` is not enforced: the template decides how long the model thinks);
   `output_config.format` (a JSON schema) is the chat path's `response_format`.
-- Images, documents and Anthropic's server tools are refused with a 400 naming the block.
+- Documents, images outside a user turn's blocks and Anthropic's server tools are refused with a 400
+  naming the block.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from server.errors import APIError
 from server.messages.protocol import CountTokensRequest, MessageParam, MessagesRequest
 from server.protocol import ChatCompletionRequest
 
-_REFUSED_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results",
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")  # what Anthropic's API takes
+_REFUSED_BLOCKS = {"document": "documents", "search_result": "search results",
                    "server_tool_use": "server tools", "web_search_tool_result": "server tools",
                    "container_upload": "files"}
 
@@ -67,20 +71,49 @@ def _turns(messages: list[MessageParam]) -> list[dict[str, Any]]:
 
 
 def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """Tool results as `tool` messages, then the text (if any) as one user message."""
-    out, texts = [], []
+    """Tool results as `tool` messages, then the text and images (if any) as one user message."""
+    out, parts = [], []
     for j, block in enumerate(blocks):
         kind = _kind(block, f"{where}[{j}]")
         if kind == "tool_result":
             out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", f"{where}[{j}]"),
                         "content": _tool_result_text(block, f"{where}[{j}]")})
         elif kind == "text":
-            texts.append(_string(block, "text", f"{where}[{j}]"))
+            parts.append({"type": "text", "text": _string(block, "text", f"{where}[{j}]")})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, f"{where}[{j}].source")}})
         else:
             _unexpected(kind, f"{where}[{j}]", "a user turn")
-    if texts:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if any(part["type"] == "image_url" for part in parts):
+        out.append({"role": "user", "content": parts})
+    elif parts:
+        out.append({"role": "user", "content": "\n".join(part["text"] for part in parts)})
     return out
+
+
+def _image_url(block: dict[str, Any], where: str) -> str:
+    """An image block's `source` as a URL: `base64` as a data: URL, `url` as it is."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if media_type not in IMAGE_MEDIA_TYPES or not isinstance(data, str):
+            raise _invalid(where, f"A base64 '{where}' needs 'data' (a string) and a 'media_type' among "
+                                  f"{', '.join(IMAGE_MEDIA_TYPES)}")
+        return f"data:{media_type};base64,{data}"
+    if kind == "url":
+        if not isinstance(source.get("url"), str) or not source["url"]:
+            raise _invalid(where, f"A url '{where}' needs a 'url' string")
+        return source["url"]
+    raise _invalid(where, f"'{where}' must be {{\"type\": \"base64\", \"media_type\", \"data\"}} or "
+                          f"{{\"type\": \"url\", \"url\"}} (file sources are not served)")
+
+
+def image_params(req: CountTokensRequest) -> list[tuple[str, str]]:
+    """(block, source field) of each image block, in the order `chat_request` turns them into image parts."""
+    return [(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}].source")
+            for i, message in enumerate(req.messages) if message.role == "user" and isinstance(message.content, list)
+            for j, block in enumerate(message.content) if isinstance(block, dict) and block.get("type") == "image"]
 
 
 def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
@@ -182,6 +215,9 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
 
 
 def _unexpected(kind: str, where: str, place: str) -> None:
+    if kind == "image":
+        raise APIError(400, f"Image blocks are served in a user turn's content only, not in {place}.", param=where,
+                       code="unsupported_parameter")
     if kind in _REFUSED_BLOCKS:
         raise APIError(400, f"Content blocks of type '{kind}' are not served ({_REFUSED_BLOCKS[kind]} need a "
                             "model and features this server does not have).", param=where,

@@ -11,13 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from server.protocol import Int
+from server.protocol import VISION_ONLY, Int
 
 _CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 # The content blocks served, as JSON Schema (the server reads them as dicts: `server.messages.convert`).
-# Other keys of a block are ignored in either policy. Images, documents and server-tool blocks are
-# not listed: they are refused with a 400 naming the block.
+# Other keys of a block are ignored in either policy. Documents and server-tool blocks are not listed:
+# they are refused with a 400 naming the block. Images are listed when the model takes them.
 _STRING = {"type": "string"}
 
 
@@ -28,8 +28,15 @@ def _block(kind: str, required: tuple[str, ...] = (), **props: Any) -> dict[str,
 
 _TEXT = _block("text", ("text",), text=_STRING)
 _TEXTS = {"type": "array", "items": _TEXT}
+_IMAGE_SOURCE = {"anyOf": [
+    {"type": "object", "required": ["type", "media_type", "data"], "additionalProperties": True, "properties": {
+        "type": {"const": "base64"}, "media_type": {"enum": ["image/png", "image/jpeg", "image/webp", "image/gif"]},
+        "data": _STRING}},
+    {"type": "object", "required": ["type", "url"], "additionalProperties": True,
+     "properties": {"type": {"const": "url"}, "url": {"type": "string", "minLength": 1}}}]}
 _USER_BLOCKS = [_TEXT, _block("tool_result", ("tool_use_id",), tool_use_id=_STRING,
-                              content={"anyOf": [_STRING, _TEXTS]}, is_error={"type": "boolean"})]
+                              content={"anyOf": [_STRING, _TEXTS]}, is_error={"type": "boolean"}),
+                {**_block("image", ("source",), source=_IMAGE_SOURCE), VISION_ONLY: True}]
 _ASSISTANT_BLOCKS = [_TEXT, _block("tool_use", ("id", "name"), id=_STRING, name=_STRING, input={"type": "object"}),
                      _block("thinking", ("thinking",), thinking=_STRING), _block("redacted_thinking")]
 

@@ -68,7 +68,7 @@ def chat_messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[st
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text_parts(item.output)})
         else:
-            messages.append({"role": item.role, "content": _text_parts(item.content)})
+            messages.append({"role": item.role, "content": _parts(item.content)})
         origins.append(f"input[{i}]")
     return messages, origins
 
@@ -76,6 +76,19 @@ def chat_messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[st
 def _text_parts(parts: list[ContentPart] | None) -> list[dict[str, str]]:
     """Chat text parts (a refusal replayed is read as text, as the chat route reads one)."""
     return [{"type": "text", "text": part.value} for part in parts or []]
+
+
+def _parts(parts: list[ContentPart] | None) -> list[dict[str, Any]]:
+    """Chat content parts: text as `_text_parts`, an `input_image` as an `image_url` part."""
+    return [{"type": "image_url", "image_url": {"url": part.image_url}} if part.type == "input_image"
+            else {"type": "text", "text": part.value} for part in parts or []]
+
+
+def image_params(body: ResponsesRequest) -> list[tuple[str, str]]:
+    """(part, URL field) of each `input_image`, in the order `chat_request` turns them into image parts."""
+    return [(f"input[{i}].content[{j}]", f"input[{i}].content[{j}].image_url")
+            for i, item in enumerate(body.input or []) if item.kind == "message"
+            for j, part in enumerate(item.content or []) if part.type == "input_image"]
 
 
 def tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:

@@ -4,7 +4,8 @@ output items, and their JSON Schemas for the OpenAPI document.
 Request policy as in server.protocol: strict types; fields not modelled here are ignored and reported in
 `X-Dspark-Ignored` (refused under --strict-params), among them OpenAI's inert ones (`metadata`, `user`,
 `store`, `truncation`, `include`, `service_tier`, `prompt_cache_key`, `reasoning.summary`). A 400 stays
-for what would be served wrongly: tools other than functions, image/file/audio input, and the fields
+for what would be served wrongly: tools other than functions, file/audio input, images for a model that
+does not take them (`input_image` parts with an `image_url`, as chat's image parts), and the fields
 that refer to state a server keeps (`previous_response_id`, `conversation`, `prompt`): this one keeps none.
 
 The schemas are written out in full (no `$ref`): the route documents them inline, since the app's
@@ -22,21 +23,21 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from server.protocol import TOLERANT_ONLY, Int, invalid, unsupported
+from server.protocol import TOLERANT_ONLY, VISION_ONLY, Int, images_from_the_user_only, invalid, unsupported
 
 CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)  # as server.protocol's request models
 
 ITEM_KINDS = ("message", "function_call", "function_call_output", "reasoning")
 ROLES = ("user", "system", "developer", "assistant")
-PART_KINDS = ("input_text", "output_text", "refusal", "reasoning_text")
+PART_KINDS = ("input_text", "output_text", "refusal", "reasoning_text", "input_image")
 # The content part types each item kind reads (in `content`, or `output` for a call's output).
-PARTS_OF = {"message": ("input_text", "output_text", "refusal"), "function_call_output": ("input_text", "output_text"),
+PARTS_OF = {"message": ("input_text", "output_text", "refusal", "input_image"), "function_call_output": ("input_text", "output_text"),
             "reasoning": ("reasoning_text",), "function_call": PART_KINDS}
 # The fields each item kind needs, besides its type.
 REQUIRED = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
             "function_call_output": ("call_id", "output"), "reasoning": ()}
 FORMAT_TYPES = ("text", "json_object", "json_schema")
-_MEDIA_PARTS = {"input_image": "image", "input_file": "file", "input_audio": "audio"}
+_MEDIA_PARTS = {"input_file": "file", "input_audio": "audio"}
 STATELESS = "This server is stateless: send the whole conversation in `input`."
 NO_STORED_PROMPTS = "This server keeps no stored prompts: send the prompt's text in `instructions` and `input`."
 
@@ -51,12 +52,16 @@ _PART_EXTRAS = {"text": _NULLABLE_STRING, "refusal": _NULLABLE_STRING, "annotati
 def _parts_schema(kinds: tuple[str, ...], nullable: bool) -> dict[str, Any]:
     """Content as `ContentPart` reads it: parts of `kinds` (text, or refusal for a refusal), or a string
     where `input_text` is among them (a string is one such part)."""
-    texts = [k for k in kinds if k != "refusal"]
+    texts = [k for k in kinds if k not in ("refusal", "input_image")]
     parts = [{"type": "object", "required": ["type", "text"],
               "properties": {**_PART_EXTRAS, "type": {"enum": texts}, "text": {"type": "string"}}}]
     if "refusal" in kinds:
         parts.append({"type": "object", "required": ["type", "refusal"],
                       "properties": {**_PART_EXTRAS, "type": {"const": "refusal"}, "refusal": {"type": "string"}}})
+    if "input_image" in kinds:  # documented only when the model takes images (server.openapi)
+        parts.append({"type": "object", "required": ["type", "image_url"], VISION_ONLY: True, "properties": {
+            **_PART_EXTRAS, "type": {"const": "input_image"}, "detail": {"description": "accepted and ignored"},
+            "image_url": {"type": "string", "minLength": 1, "description": "http(s) URL or data:image/... URL"}}})
     branches: list[dict[str, Any]] = [{"type": "array", "items": {"anyOf": parts}}]
     if "input_text" in kinds:
         branches.insert(0, {"type": "string"})
@@ -77,8 +82,11 @@ def _item_schema(kind: str) -> dict[str, Any]:
            for name in ("call_id", "name", "arguments", "id", "status", "encrypted_content")},
         "summary": {"type": ["array", "null"]},
     }
-    return {"type": "object", "required": sorted(required | ({"type"} if kind != "message" else set())),
-            "properties": props}
+    schema = {"type": "object", "required": sorted(required | ({"type"} if kind != "message" else set())),
+              "properties": props}
+    if kind == "message":
+        schema["allOf"] = [images_from_the_user_only("input_image")]
+    return schema
 
 
 def _document_request(schema: dict[str, Any]) -> None:
@@ -148,12 +156,15 @@ def _parts(value: Any) -> Any:
 
 
 class ContentPart(BaseModel):
-    """A text part of an input item (`input_text`, `output_text`, `reasoning_text`) or a `refusal`."""
+    """A text part of an input item (`input_text`, `output_text`, `reasoning_text`), a `refusal`, or an
+    `input_image` by `image_url` (`detail` is ignored and reported; `file_id` is refused: no files kept)."""
 
     model_config = CONFIG
-    type: Literal["input_text", "output_text", "refusal", "reasoning_text"]
+    type: Literal["input_text", "output_text", "refusal", "reasoning_text", "input_image"]
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = Field(default=None, min_length=1)
+    file_id: Annotated[str | None, WithJsonSchema({"type": "null"})] = None
     annotations: list[Any] | None = None  # replayed output text carries these; not read
     logprobs: list[Any] | None = None
 
@@ -171,8 +182,11 @@ class ContentPart(BaseModel):
 
     @model_validator(mode="after")
     def _has_text(self) -> ContentPart:
-        """A refusal part carries `refusal`, every other part `text`."""
-        field = "refusal" if self.type == "refusal" else "text"
+        """A refusal part carries `refusal`, an image part `image_url`, every other part `text`."""
+        if self.type == "input_image" and self.file_id is not None:
+            raise unsupported("file_id", "This server keeps no files: send the image as an 'image_url' (an http(s) "
+                                         "or data: URL).")
+        field = {"refusal": "refusal", "input_image": "image_url"}.get(self.type, "text")
         if getattr(self, field) is None:
             raise invalid(field, f"A '{self.type}' part needs '{field}' (a string).")
         return self

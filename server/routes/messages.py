@@ -13,10 +13,10 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import convert, generation
+from server import convert, generation, vision
 from server.body import ignored
 from server.deps import AppStateDep, CountTokensBody, MessagesBody
-from server.messages.convert import chat_request
+from server.messages.convert import chat_request, image_params
 from server.messages.format import MessagesFormatter, openapi_responses
 from server.openapi import request_body
 from server.prompt import render_chat
@@ -35,11 +35,14 @@ async def create_message(request: Request, body: MessagesBody, app_state: AppSta
     engine, info = app_state.ready_engine()
     model = app_state.resolve_model(body.model, info)
     chat = chat_request(body)
+    refs = vision.image_refs(chat, image_params(body))
+    vision.require_vision(refs, info)
     prompt_ids, spec = await render_chat(chat, engine, info.context_length)
+    images = await vision.load_images(refs, app_state.settings.image_limits())
     request_id = "msg_" + uuid.uuid4().hex  # Anthropic's id shape
     fmt = MessagesFormatter(request_id, model, spec, prompt_tokens=len(prompt_ids))
     gen = convert.generation_request(request_id, chat, prompt_ids, body.max_tokens, info.context_length,
-                                     grammar=chat_grammar(chat, spec))
+                                     grammar=chat_grammar(chat, spec), images=images)
     active = generation.start(app_state, engine, gen, endpoint="messages")
     headers = app_state.ignored_headers(ignored(request))
     return await generation.respond(app_state, active, fmt, request, stream=bool(body.stream), headers=headers)
@@ -54,5 +57,7 @@ async def count_tokens(request: Request, body: CountTokensBody, app_state: AppSt
     """The prompt tokens the conversation renders to (`{"input_tokens": n}`), tools and system included."""
     engine, info = app_state.ready_engine()
     app_state.resolve_model(body.model, info)
-    prompt_ids, _ = await render_chat(chat_request(body), engine, info.context_length)
+    chat = chat_request(body)
+    vision.require_vision(vision.image_refs(chat, image_params(body)), info)  # counted, not fetched
+    prompt_ids, _ = await render_chat(chat, engine, info.context_length)
     return JSONResponse({"input_tokens": len(prompt_ids)}, headers=app_state.ignored_headers(ignored(request)))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine.api import EngineError
-from server import convert, errors, generation
+from server import convert, errors, generation, vision
 from server.body import ignored
 from server.deps import AppStateDep, ResponsesBody
 from server.errors import APIError
@@ -56,13 +56,16 @@ async def create_response(request: Request, body: ResponsesBody, app_state: AppS
     engine, info = app_state.ready_engine()
     model = app_state.resolve_model(body.model, info)
     chat = responses.chat_request(body)
+    refs = vision.image_refs(chat, responses.image_params(body))
+    vision.require_vision(refs, info)  # named as the Responses request names them
     try:
         prompt_ids, spec = await render_chat(chat, engine, info.context_length)
+        images = await vision.load_images(refs, app_state.settings.image_limits())
         response_id = new_id("resp")
         fmt = ResponsesFormatter(response_id, model, body, spec)
         limit = responses.token_limit(chat.token_limit, len(prompt_ids), info.context_length)
         gen = convert.generation_request(response_id, chat, prompt_ids, limit, info.context_length,
-                                         grammar=chat_grammar(chat, spec))
+                                         grammar=chat_grammar(chat, spec), images=images)
         active = generation.start(app_state, engine, gen, endpoint="responses")
     except APIError as error:  # chat's field names, as the Responses request calls them
         raise responses.renamed(error) from None

@@ -12,6 +12,10 @@ hold without making an invalid body valid (each hook touches only values that ar
   `text.format`, or a forced tool's parameters) becomes `{"type": "object"}`: whether the grammar
   engine can enforce a schema is not a JSON Schema rule (one it cannot is refused with a 400 naming
   the keyword, tests/server/test_errors.py).
+- An image URL (documented only when the served model takes images) becomes a data: URL of a small
+  PNG: whether a URL can be fetched and holds an image is not a JSON Schema rule (tests/server/test_vision.py
+  covers the refusals). Only non-empty strings are replaced, so an invalid part stays invalid. Image
+  parts past the server's limit per request (a count across messages) become text parts.
 """
 
 from __future__ import annotations
@@ -21,10 +25,16 @@ from typing import Any
 
 import schemathesis
 
+from server.vision import MAX_IMAGES
+
 MAX_TOKENS = int(os.environ.get("DSPARK_CONTRACT_MAX_TOKENS", "4"))
 LIMITS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
           "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
 ANY_OBJECT = {"type": "object"}
+# A 1x1 PNG.
+PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+PNG_URL = f"data:image/png;base64,{PNG_B64}"
+IMAGE_PARTS = {"image_url": "text", "image": "text", "input_image": "input_text"}  # -> the API's text part
 
 
 @schemathesis.hook
@@ -109,6 +119,36 @@ def _responses(body: dict[str, Any]) -> None:
         choice["name"] = tools[0]["name"]
 
 
+def _image_urls(body: dict[str, Any]) -> None:
+    """Each image part's URL (chat `image_url`, Messages `image` sources, Responses `input_image`) as a PNG;
+    the parts past the server's MAX_IMAGES per request become text parts."""
+    turns = _list(body.get("messages")) + _list(body.get("input"))
+    seen = 0
+    for turn in turns:
+        parts = _list(turn.get("content")) if isinstance(turn, dict) else []
+        for i, part in enumerate(parts):
+            if isinstance(part, dict) and isinstance(part.get("type"), str) and part["type"] in IMAGE_PARTS:
+                seen += 1
+                if seen > MAX_IMAGES:
+                    parts[i] = {"type": IMAGE_PARTS[part["type"]], "text": "x"}
+                else:
+                    _png(part)
+
+
+def _png(part: dict[str, Any]) -> None:
+    if _name(part.get("image_url")):
+        part["image_url"] = PNG_URL
+    inner = part.get("image_url") if part.get("type") == "image_url" else None
+    if isinstance(inner, dict) and _name(inner.get("url")):
+        inner["url"] = PNG_URL
+    source = part.get("source") if part.get("type") == "image" else None
+    if isinstance(source, dict) and source.get("type") == "url" and _name(source.get("url")):
+        source["url"] = PNG_URL
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str) \
+            and source.get("media_type") in ("image/png", "image/jpeg", "image/webp", "image/gif"):
+        source["data"] = PNG_B64
+
+
 def _plain_parameters(tools: list[Any], key: str) -> None:
     """The schema of each forced tool's arguments, when it is one, as any object."""
     for tool in tools:
@@ -124,5 +164,6 @@ def _name(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
 
-FIXES = {"/v1/chat/completions": (_chat_format, _chat_forced_call), "/v1/completions": (_chat_format,),
-         "/v1/messages": (_messages,), "/v1/messages/count_tokens": (_messages,), "/v1/responses": (_responses,)}
+FIXES = {"/v1/chat/completions": (_chat_format, _chat_forced_call, _image_urls), "/v1/completions": (_chat_format,),
+         "/v1/messages": (_messages, _image_urls), "/v1/messages/count_tokens": (_messages, _image_urls),
+         "/v1/responses": (_responses, _image_urls)}

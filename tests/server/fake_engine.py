@@ -29,6 +29,7 @@ from engine.client import require_queue_room, require_ready, take_event, validat
 
 HANG_GUARD_S = 60.0  # a closed gate past this is a test bug, not a slow machine
 
+IMAGE_TOKEN_ID = 0xFF  # the fake's image placeholder: a byte never found in UTF-8 text
 INFO = EngineInfo(model_id="fake-model", model_path="/models/fake", mode="dspark", drafter="fake-drafter", cap=4,
                   context_length=256, sampler="rejection")
 
@@ -143,9 +144,23 @@ class FakeEngine:
 
     # -- encoding -------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None) -> list[int]:
+        """`<role>content` per message; content given as parts (with images) renders its text parts, and
+        IMAGE_TOKEN_ID for each `{"type": "image"}` part, as a multimodal template does."""
         self.encoded.append((messages, chat_template_kwargs))
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-        return self.encode_text(text)
+        ids: list[int] = []
+        text = ""
+        for m in messages:
+            text += f"<{m['role']}>"
+            if isinstance(m["content"], str):
+                text += m["content"]
+                continue
+            for part in m["content"]:
+                if part["type"] == "image":
+                    ids += self.encode_text(text) + [IMAGE_TOKEN_ID]
+                    text = ""
+                else:
+                    text += part["text"]
+        return ids + self.encode_text(text + "<assistant>")
 
     def encode_text(self, text: str) -> list[int]:
         if self.encode_gate is not None:

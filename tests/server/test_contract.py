@@ -28,7 +28,7 @@ import pytest
 
 from tests.real_server import ServeProcess
 from tests.server.conftest import CHAT, COMPLETIONS, free_port, live_server
-from tests.server.fake_engine import INFO, FakeEngine
+from tests.server.fake_engine import IMAGE_TOKEN_ID, INFO, FakeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "server" / "schemathesis.toml"
@@ -71,6 +71,15 @@ def test_contract_over_the_fake_engine(policy, tmp_path):
     with live_server(contract_engine(), strict_params=strict, max_body_bytes=1 << 20) as live:
         examples = FAKE_EXAMPLES // 2 if strict else FAKE_EXAMPLES
         assert_clean(schemathesis(live.base_url, examples, "examples,coverage,fuzzing,stateful", tmp_path))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_contract_over_a_vision_fake_engine(policy, tmp_path):
+    """The schema of a model that takes images documents image parts; the hooks make their URLs a small PNG."""
+    info = dataclasses.replace(contract_engine()._info, vision=True, image_token_id=IMAGE_TOKEN_ID)
+    engine = FakeEngine(info=info, refuse_nul=False)
+    with live_server(engine, strict_params=policy == "strict", max_body_bytes=1 << 20) as live:
+        assert_clean(schemathesis(live.base_url, FAKE_EXAMPLES // 4, "examples,coverage,fuzzing", tmp_path))
 
 
 @pytest.fixture(scope="module", params=list(POLICIES))
