@@ -201,3 +201,15 @@ def test_second_turn_restores_the_first_from_the_prefix_cache(served):
     metrics = httpx.get(f"{served.base_url}/metrics", timeout=10).text
     hits = [line for line in metrics.splitlines() if line.startswith("dspark_prefix_cache_hit_tokens_total ")]
     assert hits and float(hits[0].split()[1]) >= cached
+
+
+def test_an_image_to_the_text_only_default_model_is_a_clear_4xx(served):
+    """The default model has no vision tower: an image part is refused with a 400 that says so."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                             {"type": "image_url", "image_url": {"url": url}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        _client(served).chat.completions.create(model="default", messages=messages, max_tokens=4)
+    assert "image" in str(err.value).lower()
