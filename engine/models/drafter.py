@@ -142,11 +142,17 @@ class Drafter(nn.Module):
         return self
 
     def bind_target_model(self, model: nn.Module) -> Drafter:
-        """`bind_target` from an mlx-lm causal LM (``model.model.embed_tokens`` / ``model.lm_head``)."""
+        """`bind_target` from an mlx-lm causal LM (``model.model.embed_tokens`` / ``model.lm_head``), or
+        an mlx-vlm language model: Gemma's then come with the target's embedding scale and logit soft-cap."""
         inner = getattr(model, "model", model)
         embed = getattr(inner, "embed_tokens", None)
         if embed is None:
             raise AttributeError(f"cannot find embed_tokens on {type(model).__name__}")
+        from_hidden = getattr(model, "logits_from_hidden", None)  # mlx-vlm: the target's own head
+        if from_hidden is not None:
+            scale = getattr(inner, "embed_scale", 1.0)
+            # No row gather: a soft-capped column subset is not the subset of the raw product.
+            return self.bind_target(lambda ids: embed(ids) * scale, from_hidden, None)
         lm_head = getattr(model, "lm_head", None)  # absent when the target ties its embeddings
         if lm_head is None:  # tied: the head's rows are the embedding's rows
             return self.bind_target(embed, embed.as_linear, embed)

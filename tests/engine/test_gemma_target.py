@@ -54,13 +54,15 @@ def gemma_drafter(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def drafters(gemma_drafter):
-    """Every mode: baseline, lookup, and DSpark with the Gemma-4 layout's drafter and a Qwen3-layout one."""
+def drafters(gemma_drafter, model):
+    """Every mode: baseline, lookup, DSpark with the Gemma-4 layout's drafter and a Qwen3-layout one, and
+    a z-lab DFlash drafter bound to the target's (scaled) embedding and (soft-capped) head."""
     return {
         "baseline": (None, None),
         "lookup-cap4": (LookupDrafter(LookupConfig(min_ngram=1, max_ngram=3, max_drafts=4)), 4),
         "gemma4-dspark-cap3": (gemma_drafter, 3),
         "qwen3-dspark-cap1": (tg.random_dspark_drafter(), 1),
+        "dflash-cap2": (tg.random_dflash_drafter(model), 2),
     }
 
 
@@ -109,7 +111,8 @@ def test_greedy_with_an_image_equals_mlx_vlm_generation(model, image_cases, refe
     differ from the text-only ones) and every mode's greedy output is mlx-vlm's."""
     target = tg.gemma_target(model)
     assert sum(case[1] != ref for case, ref in zip(image_cases, reference)) >= 5
-    for name, (drafter, cap) in drafters.items():
+    image_modes = ("baseline", "lookup-cap4", "gemma4-dspark-cap3")  # the drafter kinds; text covers the rest
+    for name, (drafter, cap) in ((name, drafters[name]) for name in image_modes):
         for expanded, expected in image_cases:
             dec = make_decoder(target, drafter, cap)
             got = dec.prefill(expanded.ids, None, None, expanded.inputs)

@@ -99,6 +99,20 @@ def png(seed: int, size: int = 16) -> bytes:
     return buf.getvalue()
 
 
+def random_dflash_drafter(model, vocab: int = VOCAB, seed: int = 4):
+    """A random z-lab DFlash drafter reading this target's taps, bound to the Gemma-4's language model."""
+    from engine.models.drafter import Drafter
+    from engine.models.drafter_config import normalize_drafter_config
+    from tests.engine import drafter_fixtures as fx
+
+    raw = fx.dflash_config(vocab_size=vocab, num_target_layers=LAYERS)
+    raw["dflash_config"] = {"mask_token_id": vocab - 1, "target_layer_ids": list(TAPS)}
+    mx.random.seed(seed)
+    drafter = Drafter(normalize_drafter_config(raw))
+    mx.eval(drafter.parameters())
+    return drafter.bind_target_model(model.language_model)
+
+
 def gemma_dspark_drafter(directory, taps: tuple[int, ...] = TAPS, vocab: int = VOCAB, seed: int = 6):
     """A random Gemma-4-layout DSpark drafter for this target, written as a checkpoint under the
     published key names (tests/engine/gemma_drafter_fixtures.py) and loaded as serving loads it."""
@@ -136,24 +150,31 @@ def word_tokenizer(vocab: int = VOCAB):
     words |= roles
     core = Tokenizer(models.WordLevel({**special, **words}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Named special tokens, as Gemma's tokenizer config has them (its processor reads image_token etc.).
+    named = {"image_token": "<image>", "boi_token": "<boi>", "eoi_token": "<eoi>", "start_token": "<start>",
+             "end_token": "<end>"}
     hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-                                 additional_special_tokens=["<start>", "<end>", "<image>", "<boi>", "<eoi>"])
+                                 extra_special_tokens=named)
     hf.chat_template = CHAT_TEMPLATE
     return TokenizerWrapper(hf)
 
 
-def gemma_runtime(config=None):
-    """A Runtime serving the tiny Gemma-4 with its vision half in baseline mode: a runtime factory for
-    the real EngineClient (engine/worker.py), so a test serves images end to end without any download."""
-    from engine.api import EngineConfig, EngineInfo
-    from engine.runtime import Runtime, eos_ids
-    from engine.vision import vision_for
+def write_tiny_gemma_dir(directory, seed: int = 0, scale: float = 2.0):
+    """Save the tiny Gemma-4 as an mlx-vlm model directory (weights, config.json, tokenizer, processor
+    with its image processor and chat template), loadable by `dspark serve --model DIR`."""
+    import dataclasses
+    import json
+    from pathlib import Path
 
-    config = config or EngineConfig()
-    model = tiny_gemma4(seed=0, scale=2.0)
-    tokenizer = word_tokenizer()
-    info = EngineInfo(model_id="tiny-gemma4", model_path="(in-process)", mode="baseline", drafter=None, cap=None,
-                      context_length=1024, sampler="rejection", vocab_size=VOCAB, vision=True,
-                      image_token_id=IMAGE_TOKEN)
-    return Runtime(Target(model.language_model), None, tokenizer, info, eos_ids(tokenizer), config.spec,
-                   vision=vision_for(model, TinyProcessor()))
+    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor, Gemma4Processor
+    from mlx_vlm.utils import save_weights
+
+    directory = Path(directory)
+    model = tiny_gemma4(seed=seed, scale=scale)
+    save_weights(directory, model)
+    (directory / "config.json").write_text(json.dumps(dataclasses.asdict(model.config), indent=1))
+    image_processor = Gemma4ImageProcessor(patch_size=4, max_soft_tokens=4, pooling_kernel_size=2)
+    processor = Gemma4Processor(image_processor=image_processor, tokenizer=word_tokenizer()._tokenizer,
+                                chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    return directory
