@@ -88,9 +88,16 @@ def decode_image(image: ImageInput):
         raise EngineInputError(f"an image could not be decoded: {exc}", param="messages") from exc
 
 
+# mlx-vlm model types whose image processor returns (pixel data, soft tokens per image) and whose
+# prompt marks an image as begin-of-image, one image token per soft token, end-of-image.
+BLOCK_IMAGE_MODELS = ("gemma4",)
+
+
 def vision_for(model: Any, processor: Any) -> Vision | None:
-    """A Vision for an mlx-vlm model whose processor marks images with a placeholder token that it
-    expands to a begin/image.../end block (Gemma 3 and 4); None for others (served text-only)."""
+    """A Vision for an mlx-vlm model of BLOCK_IMAGE_MODELS with an image placeholder token; None for
+    others (served text-only: their processors expand images differently)."""
+    if getattr(model, "model_type", None) not in BLOCK_IMAGE_MODELS:
+        return None
     tokenizer = getattr(processor, "tokenizer", None)
     image_token_id = getattr(processor, "image_token_id", None)
     if tokenizer is None or image_token_id is None or not hasattr(processor, "image_processor"):

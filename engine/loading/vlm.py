@@ -40,7 +40,8 @@ def load_vlm(path: Path) -> tuple[Any, Any, Vision | None]:
     mx.eval(model.parameters())
     vision = vision_for(model, processor)
     if vision is None:
-        log.warning("%s: no image placeholder token in its processor; serving it text-only", path)
+        log.warning("%s: images are not supported for %s models yet; serving it text-only", path,
+                    getattr(model, "model_type", "these"))
     return model.language_model, text_tokenizer(processor), vision
 
 
