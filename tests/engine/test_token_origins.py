@@ -12,11 +12,12 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from engine.api import EngineInfo, Finished, GenerationRequest, SamplingParams, SpecConfig
 from engine.generate import stream_generate
-from engine.lookup import LookupConfig, LookupDrafter
+from engine.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from engine.prefix_cache import PrefixCache
-from engine.runtime import Runtime
+from engine.runtime import Runtime, hybrid_scheduler
 from engine.scheduler import Scheduler
 from tests.engine import tiny
+from tests.engine.test_hybrid import CURVE
 from tests.engine.test_spec import make_decoder
 
 # Greedy continuations of this prompt on the tiny target copy it often (tests/engine/test_hybrid.py).
@@ -39,18 +40,21 @@ def _steps(dec, prompt, max_tokens):
     return out
 
 
-@pytest.mark.parametrize("drafter", ["oracle", "wrong", "lookup", None])
+@pytest.mark.parametrize("drafter", ["oracle", "wrong", "lookup", "hybrid", None])
 def test_drafted_counts_the_accepted_drafts(target, drafter):
     """Per round: the first `last_drafted` tokens were accepted drafts and the last is the target's;
     over the request they add up to the accepted tokens of the stats (none in baseline)."""
+    lookup = LookupDrafter(LookupConfig(max_drafts=4))
+    both = HybridDrafter(tiny.dspark_drafter(), lookup)
     drafters = {"oracle": tiny.OracleDrafter(target), "wrong": tiny.OracleDrafter(target, shift=1),
-                "lookup": LookupDrafter(LookupConfig(max_drafts=4)), None: None}
-    dec = make_decoder(target, drafters[drafter], 4 if drafter else None)
+                "lookup": lookup, "hybrid": both, None: None}
+    scheduler = hybrid_scheduler(both, CURVE) if drafter == "hybrid" else None
+    dec = make_decoder(target, drafters[drafter], 4 if drafter else None, scheduler=scheduler)
     steps = _steps(dec, PROMPT, 24)
     assert steps[0][1] == 0  # the prefill's token is the target's
     assert all(0 <= drafted <= len(new) - 1 for new, drafted in steps)
     assert sum(drafted for _, drafted in steps) == dec.stats.accepted_tokens
-    if drafter in ("oracle", "lookup"):
+    if drafter in ("oracle", "lookup", "hybrid"):
         assert dec.stats.accepted_tokens > 0
     else:
         assert dec.stats.accepted_tokens == 0

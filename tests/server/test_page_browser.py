@@ -187,6 +187,24 @@ def _metrics(base_url: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------- tests
 
+def test_token_origins_on_the_real_engine(server):
+    """No browser: off by default no chunk carries `dspark_tokens`; on, they list every generated token
+    (as many as `completion_tokens`) and the drafts among them are `dspark_stats`' accepted tokens, which
+    lookup really produced; `dspark.baseline` gives the same greedy text with no drafts at all."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0, "max_tokens": MAX_TOKENS,
+            "stream": True}
+    plain = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=WAIT_S)
+    assert plain.status_code == 200 and "dspark_tokens" not in plain.text
+    spec = _api_stream(server.base_url, PROMPT, MAX_TOKENS)
+    assert len(spec["tokens"]) == spec["usage"]["completion_tokens"] == spec["stats"]["generated_tokens"]
+    drafts = [t for t in spec["tokens"] if t["origin"] == "draft"]
+    assert len(drafts) == spec["stats"]["accepted_tokens"] > 0 and spec["stats"]["mode"] == "lookup"
+    assert "".join(t["text"] for t in spec["tokens"]).startswith(spec["text"])
+    base = _api_stream(server.base_url, PROMPT, MAX_TOKENS, baseline=True)
+    assert base["text"] == spec["text"] and base["stats"]["mode"] == "baseline"
+    assert base["stats"]["drafted_tokens"] == 0 and {t["origin"] for t in base["tokens"]} == {"target"}
+
+
 def test_page_loads_without_console_errors(browser, server):
     """The page loads from the server alone, says what is served and logs no console error; in a
     narrow window the stats panel moves below the chat."""
