@@ -154,6 +154,12 @@ def _shot(driver, name: str) -> None:
     driver.save_screenshot(str(ARTIFACTS / name))
 
 
+def _rendered(driver, text: str) -> str:
+    """The HTML the page's own Markdown renderer makes of `text` (to compare with what it showed)."""
+    return driver.execute_script("const d = document.createElement('div');"
+                                 "d.appendChild(window.DsparkMarkdown.render(arguments[0])); return d.innerHTML;", text)
+
+
 def _api_stream(base_url: str, content: str, max_tokens: int, headers: dict | None = None,
                 **dspark: Any) -> dict[str, Any]:
     """The API's streamed answer to the page's request: text, token origins, stats and usage."""
@@ -243,9 +249,7 @@ def answered(browser, server) -> dict[str, Any]:
     _shot(browser, "answer.png")
     api = _api_stream(server.base_url, PROMPT, MAX_TOKENS)
     # What the page's own renderer makes of the API's text, for comparison with what it showed.
-    api["answer_html"] = browser.execute_script(
-        "const d = document.createElement('div'); d.appendChild(window.DsparkMarkdown.render(arguments[0]));"
-        "return d.innerHTML;", api["text"])
+    api["answer_html"] = _rendered(browser, api["text"])
     return {"page": page, "api": api}
 
 
@@ -337,7 +341,7 @@ def test_side_by_side_baseline_and_speculative(browser, server):
 
 def test_api_key_is_asked_for_then_used(browser):
     """Against `--api-key`, the page asks for the key (a wrong one is refused), keeps it in the tab's
-    session storage only, and answers once it has the right one."""
+    session storage only, and answers once it has the right one, over two turns of a conversation."""
     proc = ServeProcess(free_port(), "--api-key", KEY)
     try:
         proc.wait_ready()
@@ -353,8 +357,17 @@ def test_api_key_is_asked_for_then_used(browser):
         assert browser.execute_script("return sessionStorage.getItem('dspark-api-key')") == KEY
         assert browser.execute_script("return localStorage.length") == 0
         _configure(browser, 8)
-        _send(browser, "Say hello.")
-        turn = _wait_answered(browser)
-        assert turn.find_element("css selector", ".answer").text.strip()
+        # Two turns: the second answer is the API's greedy answer to the whole conversation so far.
+        messages: list[dict[str, str]] = []
+        for n, question in enumerate(("Say hello.", "Now say goodbye."), start=1):
+            _send(browser, question)
+            _wait(browser, lambda d, n=n: len(_all(d, '.msg.assistant[data-done="true"]')) == n)
+            messages.append({"role": "user", "content": question})
+            reply = httpx.post(f"{proc.base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                               json={"messages": messages, "temperature": 0, "top_p": 1, "max_tokens": 8},
+                               timeout=WAIT_S).json()["choices"][0]["message"]["content"]
+            messages.append({"role": "assistant", "content": reply})
+            shown = _all(browser, ".msg.assistant .answer")[-1].get_attribute("innerHTML")
+            assert reply.strip() and shown == _rendered(browser, reply)
     finally:
         proc.stop()
