@@ -371,3 +371,17 @@ def test_api_key_is_asked_for_then_used(browser):
             assert reply.strip() and shown == _rendered(browser, reply)
     finally:
         proc.stop()
+
+
+def test_markdown_is_rendered_without_html(browser, server):
+    """Model text is never markup: tags stay text, only http(s) links become links, code stays code."""
+    _open(browser, server.base_url)
+    text = ("# Title\n<script>window.pwned = 1</script> **bold** and `<b>code</b>`\n"
+            "<img src=x onerror=\"window.pwned = 1\">\n- [bad](javascript:alert(1)) [good](https://example.org/)\n"
+            "```html\n<i>kept as text</i>\n```")
+    html = _rendered(browser, text)
+    assert "<script" not in html and "<img" not in html and "<i>" not in html
+    assert "&lt;script&gt;" in html and "&lt;img" in html and "&lt;i&gt;kept as text&lt;/i&gt;" in html
+    assert '<a href="https://example.org/"' in html and 'href="javascript' not in html and "[bad](javascript:" in html
+    assert "<strong>bold</strong>" in html and "<code>&lt;b&gt;code&lt;/b&gt;</code>" in html and "<h3>" in html
+    assert browser.execute_script("return window.pwned") is None
