@@ -325,6 +325,7 @@
     const seconds = (performance.now() - firstToken) / 1000;
     if (seconds > 0) $("stat-tps").textContent = `${fmt(view.tokens / seconds, 1)} (live)`;
     $("stat-tokens").textContent = String(view.tokens);
+    $("stat-accepted").textContent = `${view.drafted} (live)`;
   }
 
   // ------------------------------------------------------------------ stats panel

@@ -303,7 +303,8 @@ def test_stats_panel_shows_dspark_stats(answered):
 
 def test_stop_cancels_the_request_on_the_server(browser, server):
     """Stop (here the Escape key) aborts the stream; the server cancels the request: nothing runs any
-    more and the metrics count one more cancelled chat request and no finished one."""
+    more and the metrics count one more cancelled chat request and no finished one. Regenerate then
+    replaces the stopped answer."""
     from selenium.webdriver.common.keys import Keys
 
     _open(browser, server.base_url)
@@ -319,6 +320,11 @@ def test_stop_cancels_the_request_on_the_server(browser, server):
     assert after["cancelled"] == before["cancelled"] + 1 and after["ok"] == before["ok"]
     assert not _by_id(browser, "send").get_attribute("disabled")  # the page is ready for the next message
     _shot(browser, "stopped.png")
+    # Regenerate replaces the stopped answer with a new one (shorter here).
+    _set(browser, "max-tokens", "4")
+    _by_id(browser, "regenerate").click()
+    _wait_answered(browser)
+    assert len(_all(browser, ".msg.assistant")) == 1 and len(_all(browser, ".msg.user")) == 1
 
 
 def test_side_by_side_baseline_and_speculative(browser, server):
