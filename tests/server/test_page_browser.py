@@ -160,6 +160,28 @@ def _rendered(driver, text: str) -> str:
                                  "d.appendChild(window.DsparkMarkdown.render(arguments[0])); return d.innerHTML;", text)
 
 
+# Text on the page whose contrast is checked: both token colours, muted hints, labels, the send button.
+CONTRAST_CHECKED = (".legend .tok-draft", ".legend .tok-target", ".hint", "#served", "label[for=prompt]", "#send",
+                    ".numbers dt", "h1")
+# WCAG contrast of each selector's first element: its colour against the first opaque background up its tree.
+_CONTRAST_JS = """
+const rgb = (s) => s.match(/[\\d.]+/g).map(Number);
+const lum = (c) => { const [r, g, b] = c.slice(0, 3).map((v) => { v /= 255;
+  return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+const background = (el) => { for (; el; el = el.parentElement) { const c = rgb(getComputedStyle(el).backgroundColor);
+  if (c.length < 4 || c[3] > 0) return c; } return [255, 255, 255]; };
+const out = {};
+for (const sel of arguments[0]) { const el = document.querySelector(sel);
+  const f = lum(rgb(getComputedStyle(el).color)), b = lum(background(el));
+  out[sel] = (Math.max(f, b) + 0.05) / (Math.min(f, b) + 0.05); }
+return out;
+"""
+
+
+def _contrast(driver, selectors: tuple[str, ...]) -> dict[str, float]:
+    return driver.execute_script(_CONTRAST_JS, list(selectors))
+
+
 def _api_stream(base_url: str, content: str, max_tokens: int, headers: dict | None = None,
                 **dspark: Any) -> dict[str, Any]:
     """The API's streamed answer to the page's request: text, token origins, stats and usage."""
@@ -212,12 +234,15 @@ def test_token_origins_on_the_real_engine(server):
 
 
 def test_page_loads_without_console_errors(browser, server):
-    """The page loads from the server alone, says what is served and logs no console error; in a
-    narrow window the stats panel moves below the chat."""
+    """The page loads from the server alone, says what is served and logs no console error; its text
+    (tokens of both origins, hints, labels, the send button) has at least 4.5:1 contrast; in a narrow
+    window the stats panel moves below the chat."""
     _open(browser, server.base_url)
     assert "lookup" in _by_id(browser, "served").text
     assert _console_errors(browser) == []
     _shot(browser, "loaded.png")
+    ratios = _contrast(browser, CONTRAST_CHECKED)
+    assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for normal text
     try:
         browser.set_window_size(420, 900)
         chat, stats = _all(browser, ".chat")[0], _all(browser, ".stats")[0]
