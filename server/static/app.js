@@ -93,6 +93,16 @@
       max_tokens: Math.max(1, parseInt($("max-tokens").value, 10) || 256),
     };
     if ($("seed").value !== "") body.seed = parseInt($("seed").value, 10);
+    const tools = $("tools").value.trim();
+    if (tools) {
+      // Tool calls the model makes are shown; the page runs no tools (answers keep only their text).
+      try {
+        body.tools = JSON.parse(tools);
+      } catch (err) {
+        throw new Error("Tools: not valid JSON (" + err.message + ")");
+      }
+      body.tool_choice = $("tool-choice").value;
+    }
     // The extension object only when something is asked of it: off costs the server nothing.
     if (Object.keys(extension).length) body.dspark = extension;
     return body;
@@ -230,6 +240,7 @@
         }
         showLive(view, firstToken);
       }
+      renderAnswer(view); // now, not at the next frame: the answer is complete once the turn says so
       if (!stats) throw new Error("the stream ended without its final chunk");
       view.pane.dataset.state = "done";
       view.meta.textContent = `${stats.generated_tokens} tokens · ${fmt(stats.tokens_per_s, 1)} tokens/s · ` +

@@ -416,3 +416,24 @@ def test_markdown_is_rendered_without_html(browser, server):
     assert '<a href="https://example.org/"' in html and 'href="javascript' not in html and "[bad](javascript:" in html
     assert "<strong>bold</strong>" in html and "<code>&lt;b&gt;code&lt;/b&gt;</code>" in html and "<h3>" in html
     assert browser.execute_script("return window.pwned") is None
+
+
+def test_tool_calls_are_shown(browser, server):
+    """With tools given in the settings and `tool_choice: required` (a call forced by the grammar, as
+    this model does not call tools on its own), the streamed call is shown with its name and arguments."""
+    from selenium.webdriver.support.ui import Select
+
+    _open(browser, server.base_url)
+    _configure(browser, 64, origins=False)  # room for the whole call, however the grammar lets it space its JSON
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}}}
+    _set(browser, "tools", json.dumps([tool]))
+    Select(_by_id(browser, "tool-choice")).select_by_value("required")
+    _send(browser, "What is the weather in Paris?")
+    turn = _wait_answered(browser)
+    _shot(browser, "tool-call.png")  # before the checks: also when one fails
+    call = turn.find_element("css selector", ".tool-call")
+    assert "Tool call: get_weather" in call.text and json.loads(call.find_element("tag name", "pre").text) == {
+        "city": "Paris"}
+    assert _console_errors(browser) == []
