@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--allow-private-image-urls", dest="allow_private_image_urls", action="store_true", default=None,
                    help="fetch image URLs that resolve to loopback, private or link-local addresses too (default: "
                         f"refused, the SSRF guard) [env {ENV_PREFIX}ALLOW_PRIVATE_IMAGE_URLS]")
+    p.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                   help="do not serve the chat page at / (the API is unchanged) "
+                        f"[env {ENV_PREFIX}UI=false]")
     p.set_defaults(run=run)
 
 
@@ -59,7 +62,7 @@ def settings_from_args(args: argparse.Namespace):
     """ServerSettings from the flags given (spec flags already fell back to the environment)."""
     from server.settings import ServerSettings
 
-    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS) + ("strict_params", "allow_private_image_urls")
+    fields = _SPEC_FIELDS + tuple(field for _, field, _ in _SERVER_FLAGS) + ("strict_params", "allow_private_image_urls", "ui")
     return ServerSettings(**{f: getattr(args, f) for f in fields if getattr(args, f, None) is not None})
 
 

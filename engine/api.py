@@ -91,6 +91,10 @@ class GenerationRequest:
     # Images, in prompt order: the i-th fills the i-th image placeholder token of `prompt_ids`
     # (`EngineInfo.image_token_id`). Only targets with a vision tower take them (`EngineInfo.vision`).
     images: tuple[ImageInput, ...] = ()
+    # Decode this request without drafts (plain target steps) whatever the engine's mode: the
+    # per-request baseline a side-by-side comparison measures against. Its stats say mode
+    # "baseline"; it neither reads nor fills the prefix cache (its states lack a drafter's context).
+    baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,9 @@ class TokenEvent:
     text: str
     # With GenerationRequest.logprobs: one entry per visible token (the ending EOS/stop id has none).
     logprobs: list[TokenLogprob] | None = None
+    # How many of `token_ids` (the first ones) were drafts the target accepted; the rest are the
+    # target's own tokens (the prefill token, a plain step's, a round's correction or bonus).
+    drafted: int = 0
 
 
 @dataclass

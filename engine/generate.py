@@ -29,9 +29,11 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
     rounds the consumer stops the iteration instead. Whenever the request ends in a consistent state
     (finished, or stopped at a round or chunk boundary, never after an error), its committed state
     goes into the runtime's prefix cache."""
-    stats = SpecStats(mode=runtime.info.mode, cap=runtime.info.cap)
-    decoder = SpecDecoder(runtime.target, runtime.drafter, runtime.make_scheduler(), decode_options(runtime, request),
-                          stats)
+    # A per-request baseline (`request.baseline`) is the same decoder without a drafter.
+    baseline = request.baseline and runtime.drafter is not None
+    stats = SpecStats(mode="baseline", cap=None) if baseline else SpecStats(mode=runtime.info.mode, cap=runtime.info.cap)
+    drafter, scheduler = (None, None) if baseline else (runtime.drafter, runtime.make_scheduler())
+    decoder = SpecDecoder(runtime.target, drafter, scheduler, decode_options(runtime, request), stats)
     detok = IncrementalDetokenizer(runtime.tokenizer)
     stops = StopMatcher(list(request.stop))
     total: list[int] = []
@@ -39,8 +41,8 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
     if request.images:
         prompt, inputs = runtime.expand_images(prompt, request.images)
     # Image positions hold the same placeholder ids whatever the image: such prompts neither match
-    # nor leave prefix-cache states.
-    cacheable = inputs is None
+    # nor leave prefix-cache states. Nor do per-request baselines: their states lack the drafter's.
+    cacheable = inputs is None and not baseline
     consistent = False  # whether the decoder may be captured for the prefix cache now
     try:
         try:
@@ -57,7 +59,8 @@ def stream_generate(runtime: Runtime, request: GenerationRequest,
                 text, stopped = stops.push(detok.add(visible))
                 if tokens or text:
                     consistent = True
-                    yield TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime))
+                    yield TokenEvent(token_ids=tokens, text=text, logprobs=_event_logprobs(decoder, visible, runtime),
+                                     drafted=decoder.last_drafted)
                 if stopped or decoder.done:
                     reason = "stop"
                     break

@@ -96,6 +96,8 @@ class SpecDecoder:
         self.processor = LogitProcessor(opts.processors, vocab, grammar)
         # Per token committed by the last prefill/step: (raw logprob, [(id, logprob)] top n); None: off.
         self.last_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+        # Of the tokens the last prefill/step committed, how many (the first ones) were accepted drafts.
+        self.last_drafted = 0
 
     def committed_view(self) -> list[int]:
         """The live committed token list (prompt + generated); do not modify."""
@@ -244,6 +246,7 @@ class SpecDecoder:
         num_accepted, token = self._accept(draft_ids, draft_logprobs, logits)
         t3 = time.perf_counter()
         new = self._commit(draft_ids[:num_accepted] + [token])
+        self.last_drafted = min(num_accepted, len(new))  # a stop among the drafts may cut the round
         self.last_logprobs = self._logprobs(logits, new)  # row i of the verify pass scored new[i]
         # A stop token among the accepted drafts cuts `new` short: keep only what was committed.
         self._roll_back(len(draft_ids), len(new) - 1, taps)
@@ -276,6 +279,7 @@ class SpecDecoder:
         token = current.item()
         t1 = time.perf_counter()
         new = self._commit([token])
+        self.last_drafted = 0
         self.last_logprobs = self._logprobs(row[None], new)
         self._record(0, 0, len(new), (0.0, t1 - t0, 0.0, time.perf_counter() - t1))
         return new

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything dspark-serve needs, idempotently: the fast BLAS (Linux), a virtualenv with the
-# project installed, the embedded default model, and (for the tests) the Node.js client's packages.
+# project installed, the embedded default model, and (for the tests) the Node.js client's packages and
+# the Chromium that drives the chat page.
 # `make serve`, `make test`, the Dockerfile and CI all run this one script, so their setup cannot
 # drift apart. DSPARK_EXTRAS picks the pip extras (default `test`; the Docker image sets it empty).
 set -euo pipefail
@@ -70,8 +71,20 @@ install_node_client() {
   fi
 }
 
+# The chat page's tests drive a headless Chromium through Selenium (tests/server/test_page_browser.py).
+# Debian's chromium and chromium-driver: browser downloads at test time are not needed (nor reachable
+# in CI). Installed only with the test extras (not in the Docker image).
+install_browser() {
+  case ",$EXTRAS," in *,test,*) ;; *) return 0 ;; esac
+  [ "$(uname -s)" = Linux ] || return 0   # elsewhere: install Chromium and its driver yourself
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    apt_install "the chat page's browser tests" chromium chromium-driver
+  fi
+}
+
 install_blas
 make_venv
 install_node_client
+install_browser
 say "preparing the default model (once; cached in ${DSPARK_CACHE:-~/.cache/dspark-serve})"
 "$VENV/bin/dspark" prepare >/dev/null

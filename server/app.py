@@ -20,7 +20,7 @@ from server import errors, metrics, openapi
 from server.errors import APIError
 from server.messages.format import error_envelope
 from server.middleware import AnthropicErrorMiddleware, ApiKeyMiddleware, HostGuardMiddleware, guarded_hosts
-from server.routes import chat, completions, health, messages, models, responses
+from server.routes import chat, completions, health, messages, models, responses, ui
 from server.runtime import AppState, EngineLike
 from server.settings import ServerSettings
 
@@ -61,6 +61,8 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
     errors.install(app, on_error=lambda request, exc: _count_refusal(app_state, request, exc))
     for module in (chat, completions, messages, responses, models, health):
         app.include_router(module.router)
+    if settings.ui:  # the chat page at / (server/static/); --no-ui leaves / a 404
+        app.include_router(ui.router)
     _add_middleware(app, settings)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
     return app
@@ -68,8 +70,8 @@ def create_app(settings: ServerSettings | None = None, engine: EngineLike | None
 
 def _add_middleware(app: FastAPI, settings: ServerSettings) -> None:
     """Each one added wraps the ones before: the host guard, then CORS, then the API key."""
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.api_key:  # the page's files need no key: the page asks for it and sends it to the API
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, is_open=ui.is_page_path if settings.ui else None)
     if settings.allowed_origins:  # outside the key check: preflights and 401s carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["GET", "POST"],
                            allow_headers=list(CORS_REQUEST_HEADERS), expose_headers=list(CORS_EXPOSED_HEADERS))

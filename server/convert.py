@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from engine.api import (
@@ -19,6 +20,7 @@ from engine.api import (
 from server import logprobs as lp
 from server import sse
 from server.errors import APIError
+from server.origins import TokenOrigins
 from server.outputs.events import Content, Reasoning, ToolCallArgs, ToolCallStart
 from server.outputs.pipeline import accumulate, make_parser, merge
 from server.prompt import OutputSpec
@@ -76,7 +78,13 @@ def generation_request(
         logprobs=logprobs,
         grammar=grammar,
         images=images,
+        baseline=bool(req.dspark and req.dspark.baseline),
     )
+
+
+def token_origins(req: GenerationFields, decode: Callable[[list[int]], str]) -> TokenOrigins | None:
+    """The request's `dspark.token_origins` collector, or None when it is off (the default: no cost)."""
+    return TokenOrigins(decode) if req.dspark and req.dspark.token_origins else None
 
 
 def usage(finished: Finished, reasoning_tokens: int | None = None) -> Usage:
@@ -99,10 +107,10 @@ class ChatFormatter:
         return error.body()
 
     def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec,
-                 logprobs: bool = False) -> None:
+                 logprobs: bool = False, origins: TokenOrigins | None = None) -> None:
         self.id, self.model, self.include_usage = request_id, model, include_usage
         self.created = int(time.time())
-        self._spec, self._logprobs = spec, logprobs
+        self._spec, self._logprobs, self._origins = spec, logprobs, origins
         self._parser = _parser(spec)
         self._pending: list[TokenLogprob] = []  # logprobs of text the parser still holds back
         self._token_ids: list[int] = []
@@ -114,8 +122,7 @@ class ChatFormatter:
     def _chunk(self, choices: list[ChatChunkChoice], **extra: Any) -> dict[str, Any]:
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
         exclude = set() if self.include_usage else {"usage"}
-        if chunk.dspark_stats is None:
-            exclude.add("dspark_stats")
+        exclude |= _unset_extensions(chunk)
         out = chunk.model_dump(mode="json", exclude=exclude)
         for choice in out["choices"]:  # OpenAI sends {"content": "..."}, not {"role": null, ...}
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
@@ -128,6 +135,8 @@ class ChatFormatter:
     def delta(self, event: TokenEvent) -> list[dict[str, Any]]:
         """The chunks of one engine round (none while the parser holds the text back)."""
         self._pending += event.logprobs or []
+        if self._origins is not None:
+            self._origins.add(event)
         return self._chunks(self._push(event))
 
     def _chunks(self, events: list[Any]) -> list[dict[str, Any]]:
@@ -137,7 +146,7 @@ class ChatFormatter:
             if self._logprobs and self._pending:
                 choice.logprobs = lp.chat_logprobs(self._pending)
                 self._pending = []
-            out.append(self._chunk([choice]))
+            out.append(self._chunk([choice], dspark_tokens=_take(self._origins)))
         return out
 
     def _delta_of(self, ev: Any) -> ChunkDelta:
@@ -158,7 +167,7 @@ class ChatFormatter:
         finish = ChatChunkChoice(delta=ChunkDelta(), finish_reason=self._reason(finished))
         if self._logprobs and self._pending:
             finish.logprobs = lp.chat_logprobs(self._pending)
-        chunks.append(self._chunk([finish], dspark_stats=finished.stats.as_dict()))
+        chunks.append(self._chunk([finish], dspark_stats=finished.stats.as_dict(), dspark_tokens=_take(self._origins)))
         if self.include_usage:
             chunks.append(self._chunk([], usage=self._usage(finished)))
         return chunks
@@ -181,8 +190,8 @@ class ChatFormatter:
                             logprobs=lp.chat_logprobs(items) if self._logprobs else None)
         reply = ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
                                        usage=self._usage(finished),
-                                       dspark_stats=finished.stats.as_dict())
-        body = reply.model_dump(mode="json")
+                                       dspark_stats=finished.stats.as_dict(), dspark_tokens=_all(self._origins, events))
+        body = reply.model_dump(mode="json", exclude=_unset_extensions(reply))
         body["choices"][0]["message"] = _without_none(body["choices"][0]["message"], "reasoning_content", "tool_calls")
         return body
 
@@ -234,6 +243,25 @@ def _without_none(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if not (k in keys and v is None)}
 
 
+def _unset_extensions(obj: Any) -> set[str]:
+    """The `dspark_*` fields an object leaves out because they are unset (off, or not on this chunk)."""
+    return {name for name in ("dspark_stats", "dspark_tokens") if getattr(obj, name) is None}
+
+
+def _take(origins: TokenOrigins | None) -> list[Any] | None:
+    """The token origins for the chunk being built: None when off or when no token waits."""
+    return (origins.take() or None) if origins is not None else None
+
+
+def _all(origins: TokenOrigins | None, events: list[TokenEvent]) -> list[Any] | None:
+    """Every token's origin for a non-streamed reply (None when off)."""
+    if origins is None:
+        return None
+    for event in events:
+        origins.add(event)
+    return origins.take()
+
+
 class CompletionFormatter:
     """Text completion objects for one request (no role chunk in this API)."""
 
@@ -244,17 +272,17 @@ class CompletionFormatter:
         """An error after the stream started: OpenAI's error object."""
         return error.body()
 
-    def __init__(self, request_id: str, model: str, include_usage: bool, logprobs: bool = False) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool, logprobs: bool = False,
+                 origins: TokenOrigins | None = None) -> None:
         self.id, self.model, self.include_usage = request_id, model, include_usage
         self.created = int(time.time())
-        self._logprobs = logprobs
+        self._logprobs, self._origins = logprobs, origins
         self._offset = 0  # text length so far, for `text_offset`
 
     def _object(self, choices: list[CompletionChoice], **extra: Any) -> dict[str, Any]:
         obj = CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
         exclude = set() if self.include_usage or obj.usage is not None else {"usage"}
-        if obj.dspark_stats is None:
-            exclude.add("dspark_stats")
+        exclude |= _unset_extensions(obj)
         return obj.model_dump(mode="json", exclude=exclude)
 
     def _choice(self, text: str, items: list[TokenLogprob], reason: str | None = None) -> CompletionChoice:
@@ -268,14 +296,16 @@ class CompletionFormatter:
 
     def delta(self, event: TokenEvent) -> list[dict[str, Any]]:
         """A text chunk (none for a round whose text is held back and carries no logprobs)."""
+        if self._origins is not None:
+            self._origins.add(event)
         if not event.text and not (self._logprobs and event.logprobs):
             return []
-        return [self._object([self._choice(event.text, event.logprobs or [])])]
+        return [self._object([self._choice(event.text, event.logprobs or [])], dspark_tokens=_take(self._origins))]
 
     def closing(self, finished: Finished) -> list[dict[str, Any]]:
         """The finish chunk (with any trailing text and `dspark_stats`), then usage if asked."""
         finish = self._choice(finished.text, [], finished.reason)
-        chunks = [self._object([finish], dspark_stats=finished.stats.as_dict())]
+        chunks = [self._object([finish], dspark_stats=finished.stats.as_dict(), dspark_tokens=_take(self._origins))]
         if self.include_usage:
             chunks.append(self._object([], usage=usage(finished)))
         return chunks
@@ -285,4 +315,5 @@ class CompletionFormatter:
         text = "".join(e.text for e in events) + finished.text
         items = [item for e in events for item in e.logprobs or []]
         choice = self._choice(text, items, finished.reason)
-        return self._object([choice], usage=usage(finished), dspark_stats=finished.stats.as_dict())
+        return self._object([choice], usage=usage(finished), dspark_stats=finished.stats.as_dict(),
+                            dspark_tokens=_all(self._origins, events))

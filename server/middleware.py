@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,15 +19,16 @@ _MISSING = ("You didn't provide an API key. Send it in an Authorization header u
 
 
 class ApiKeyMiddleware:
-    """401 on every path but /health unless `Authorization: Bearer <key>` or (Anthropic's clients)
-    `x-api-key: <key>` matches."""
+    """401 on every path but /health (and those `is_open` admits: the chat page's files) unless
+    `Authorization: Bearer <key>` or (Anthropic's clients) `x-api-key: <key>` matches."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, is_open: Callable[[str], bool] | None = None) -> None:
         self.app = app
         self._key = api_key.encode()
+        self._is_open = is_open or (lambda path: False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])

@@ -333,6 +333,11 @@ class DsparkOptions(BaseModel):
     sampler: Literal["rejection", "seed-stable"] | None = Field(
         None, description="lossless sampler for this request; default: the server's --sampler"
     )
+    token_origins: bool | None = Field(
+        None, description="each chunk (and a non-streamed reply) carries `dspark_tokens`: every generated token's "
+                          "id, text and origin, \"draft\" (an accepted draft) or \"target\" (the target's own)")
+    baseline: bool | None = Field(
+        None, description="decode this request without drafts (plain target steps), whatever the server's mode")
 
 
 def _stream_options_rule(schema: dict[str, Any]) -> None:
@@ -693,6 +698,15 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReason
 
 
+class TokenOrigin(BaseModel):
+    """One generated token under `dspark.token_origins`: its id, its text decoded alone (special tokens
+    kept, so the end-of-sequence token has text too) and whether it was an accepted draft or the target's."""
+
+    id: int
+    text: str
+    origin: Literal["draft", "target"]
+
+
 class ChatCompletionResponse(BaseModel):
     """Non-streaming chat completion; `dspark_stats` is the speculative-decoding extension."""
 
@@ -704,6 +718,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     dspark_stats: dict[str, Any] | None = None
+    dspark_tokens: list[TokenOrigin] | None = None
 
 
 class ChunkDelta(BaseModel):
@@ -735,6 +750,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     dspark_stats: dict[str, Any] | None = None
+    dspark_tokens: list[TokenOrigin] | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -757,6 +773,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     dspark_stats: dict[str, Any] | None = None
+    dspark_tokens: list[TokenOrigin] | None = None
 
 
 class ErrorDetail(BaseModel):

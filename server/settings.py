@@ -51,6 +51,7 @@ class ServerSettings(BaseSettings):
     keepalive_s: float = Field(default=15.0, gt=0, description="stream silence before an SSE keep-alive comment")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body (else 413)")
     drain_grace_s: float = Field(default=30.0, ge=0, description="after SIGTERM, how long requests may still run")
+    ui: bool = Field(default=True, description="serve the chat page at / (its static files need no API key)")
 
     # Images in requests (vision models; server/images.py).
     image_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1, description="largest image, fetched or data: URL")

@@ -37,7 +37,8 @@ async def create_chat_completion(request: Request, body: ChatBody, app_state: Ap
     prompt_ids, spec = await render_chat(body, engine, info.context_length)
     images = await vision.load_images(refs, app_state.settings.image_limits())  # before taking an engine place
     request_id = convert.new_id("chatcmpl")
-    fmt = convert.ChatFormatter(request_id, model, body.include_usage, spec, logprobs=body.num_logprobs is not None)
+    fmt = convert.ChatFormatter(request_id, model, body.include_usage, spec, logprobs=body.num_logprobs is not None,
+                                origins=convert.token_origins(body, engine.decode))
     gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
                                      logprobs=body.num_logprobs, grammar=chat_grammar(body, spec), images=images)
     active = generation.start(app_state, engine, gen, endpoint="chat")

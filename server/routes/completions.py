@@ -31,7 +31,8 @@ async def create_completion(request: Request, body: CompletionBody, app_state: A
     model = app_state.resolve_model(body.model, info)
     prompt_ids = await render_text(body.prompt, engine, info.context_length)
     request_id = convert.new_id("cmpl")
-    fmt = convert.CompletionFormatter(request_id, model, body.include_usage, logprobs=body.num_logprobs is not None)
+    fmt = convert.CompletionFormatter(request_id, model, body.include_usage, logprobs=body.num_logprobs is not None,
+                                      origins=convert.token_origins(body, engine.decode))
     gen = convert.generation_request(request_id, body, prompt_ids, body.token_limit, info.context_length,
                                      logprobs=body.num_logprobs, grammar=format_grammar(body))
     active = generation.start(app_state, engine, gen, endpoint="completions")

@@ -249,7 +249,7 @@ class FakeEngine:
             ids = list(range(100 + i, 100 + i + max(len(text) // 2, 1)))
             generated += len(ids)
             self._count_round(stats, len(ids))
-            handle.events.put_nowait(TokenEvent(token_ids=ids, text=text))
+            handle.events.put_nowait(TokenEvent(token_ids=ids, text=text, drafted=len(ids) - 1))  # as counted below
         reason = script.reason if len(script.rounds) <= request.max_tokens else "length"
         stats.generated_tokens = stats.round_tokens = generated
         usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=generated)

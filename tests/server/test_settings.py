@@ -80,3 +80,12 @@ def test_empty_api_key_is_none(monkeypatch):
 def test_base_url():
     """The printed base URL brackets IPv6 hosts."""
     assert ServerSettings(host="::1", port=8001).base_url() == "http://[::1]:8001/v1"
+
+
+def test_ui_on_by_default_off_by_flag_or_environment(monkeypatch):
+    """The chat page is served unless `--no-ui` or DSPARK_UI=false."""
+    monkeypatch.delenv("DSPARK_UI", raising=False)
+    assert ServerSettings().ui is True and settings_from_args(_serve_args()).ui is True
+    assert settings_from_args(_serve_args("--no-ui")).ui is False
+    monkeypatch.setenv("DSPARK_UI", "false")
+    assert ServerSettings().ui is False and settings_from_args(_serve_args()).ui is False
