@@ -185,9 +185,16 @@ def ensure_fast_blas() -> BlasState:
     return STATE
 
 
+def configured_threads() -> int:
+    """The BLAS thread count to load with: DSPARK_BLAS_THREADS when it is a positive integer (e.g. to
+    leave cores to other processes), else the cores this process may run on."""
+    setting = os.environ.get("DSPARK_BLAS_THREADS", "").strip()
+    return int(setting) if setting.isdigit() and int(setting) > 0 else available_cores()
+
+
 def _load(path: str) -> None:
     kind = blas_kind(path)
-    threads = available_cores()
+    threads = configured_threads()
     for var in ("BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
     STATE.late = "mlx.core" in sys.modules

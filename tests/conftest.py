@@ -3,6 +3,10 @@
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a model hub
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several test processes (and the servers they start, which inherit this) share the cores; a BLAS
+    # with a thread per core in each oversubscribes them, and its threads then wait on each other.
+    os.environ.setdefault("DSPARK_BLAS_THREADS", "1")
 
 import engine  # noqa: E402,F401
 import pytest  # noqa: E402

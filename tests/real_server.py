@@ -22,9 +22,12 @@ import httpx
 from filelock import FileLock
 
 
+KEPT = ("DSPARK_CACHE", "DSPARK_BLAS_THREADS")
+
+
 def clean_env() -> dict[str, str]:
-    """The test environment without DSPARK_* settings (the cache location excepted)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_") or k == "DSPARK_CACHE"}
+    """The test environment without DSPARK_* settings (the cache location and BLAS threads excepted)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_") or k in KEPT}
 
 
 class ServeProcess:

@@ -68,7 +68,7 @@ def test_disable_switch():
     assert out.strip() == "reference (bundled) | disabled by DSPARK_BLAS=off"
 
 
-needs_threads = pytest.mark.skipif(not backend.can_set_threads() or (backend.STATE.threads or 1) < 2,
+needs_threads = pytest.mark.skipif(not backend.can_set_threads() or backend.available_cores() < 2,
                                    reason="needs a BLAS whose thread count we set, on >= 2 cores")
 
 
@@ -76,20 +76,32 @@ needs_threads = pytest.mark.skipif(not backend.can_set_threads() or (backend.STA
 def test_blas_threads_sets_and_restores():
     """blas_threads(n) holds n inside the block and restores the loaded count after it, also on error."""
     loaded = backend.current_blas_threads()
-    with backend.blas_threads(1):
-        assert backend.current_blas_threads() == 1
+    other = 2 if loaded == 1 else 1  # the suite's workers load one thread each (tests/conftest.py)
+    with backend.blas_threads(other):
+        assert backend.current_blas_threads() == other
     assert backend.current_blas_threads() == loaded
-    with pytest.raises(RuntimeError), backend.blas_threads(1):
+    with pytest.raises(RuntimeError), backend.blas_threads(other):
         raise RuntimeError("boom")
     assert backend.current_blas_threads() == loaded
     with backend.blas_threads(None):  # None: leave the BLAS as loaded
         assert backend.current_blas_threads() == loaded
-    assert backend.thread_choices() == [1, loaded]
+    assert backend.thread_choices() == sorted({1, loaded})
+
+
+def test_blas_thread_count_from_the_environment():
+    """DSPARK_BLAS_THREADS sets the loaded count; anything but a positive integer falls back to the cores."""
+    code = "import engine.backend as b, engine; print(b.STATE.name, b.STATE.threads, b.available_cores())"
+    for setting, want in (("1", "1"), ("3", "3"), ("0", None), ("two", None)):
+        env = {**os.environ, "DSPARK_BLAS_THREADS": setting}
+        name, threads, cores = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              check=True, env=env).stdout.split()
+        if name in ("BLIS", "OpenBLAS"):
+            assert threads == (want or cores), setting
 
 
 @needs_threads
 def test_products_do_not_depend_on_thread_count():
-    """Decode at 1 thread must give bit-identical logits to the loaded count (lossless greedy relies on it)."""
+    """Decode at 1 thread must give bit-identical logits to 2 threads (lossless greedy relies on it)."""
     import mlx.core as mx
 
     mx.random.seed(0)
@@ -100,6 +112,7 @@ def test_products_do_not_depend_on_thread_count():
             with backend.blas_threads(1):
                 one = x @ w.T
                 mx.eval(one)
-            many = x @ w.T
-            mx.eval(many)
+            with backend.blas_threads(2):
+                many = x @ w.T
+                mx.eval(many)
             assert mx.array_equal(one, many).item(), (n_out, k, m)
