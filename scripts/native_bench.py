@@ -22,50 +22,60 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine import backend
 from engine.loading.target import load_target
-from engine.native import REASON, load
+from engine.native import REASON, load, pack_panels
 
 
 def matrix_table(ext, threads: int) -> None:
     ws = [mx.random.normal((49152, 576)) for _ in range(6)]
-    mx.eval(ws)
+    packed = [pack_panels(w) for w in ws]
+    mx.eval(ws, packed)
 
-    def best(f, reps=8):
+    def best(f, mats, reps=8):
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            mx.eval([f(w) for w in ws])
+            mx.eval([f(w) for w in mats])
             times.append(time.perf_counter() - t0)
-        return 1000 * min(times) / len(ws)
+        return 1000 * min(times) / len(mats)
 
-    print("lm_head [49152, 576], ms per matrix: rows | mlx | native")
+    print("lm_head [49152, 576], ms per matrix: rows | mlx | native dot | native packed")
     for rows in (1, 2, 4, 8, 16):
         x = mx.random.normal((1, rows, 576))
         mx.eval(x)
-        print(f"{rows} | {best(lambda w, x=x: x @ w.T):.2f} | {best(lambda w, x=x: ext.skinny_linear(x, w, threads)):.2f}")
+        mlx_ms = best(lambda w, x=x: x @ w.T, ws)
+        dot_ms = best(lambda w, x=x: ext.skinny_linear(x, w, threads), ws)
+        packed_ms = best(lambda wp, x=x: ext.packed_linear(x, wp, 49152, threads), packed)
+        print(f"{rows} | {mlx_ms:.2f} | {dot_ms:.2f} | {packed_ms:.2f}")
 
 
 class _NativeLinear(nn.Module):
-    def __init__(self, weight: mx.array, ext, threads: int):
+    """A bias-free linear through the kernel: the dot-product one on w, or the panel one on w packed."""
+
+    def __init__(self, weight: mx.array, ext, threads: int, packed: bool):
         super().__init__()
-        self.weight, self._ext, self._threads = weight, ext, threads
+        self._n = weight.shape[0]
+        self.weight = pack_panels(weight) if packed else weight
+        self._ext, self._threads, self._packed = ext, threads, packed
 
     def __call__(self, x):
+        if self._packed:
+            return self._ext.packed_linear(x, self.weight, self._n, self._threads)
         return self._ext.skinny_linear(x, self.weight, self._threads)
 
 
-def _route(module: nn.Module, ext, threads: int) -> None:
+def _route(module: nn.Module, ext, threads: int, packed: bool) -> None:
     """Replace every bias-free nn.Linear below `module` with the kernel."""
     for name, child in module.children().items():
         items = child if isinstance(child, list) else [child]
         for i, c in enumerate(items):
             if isinstance(c, nn.Linear) and "bias" not in c:
-                native = _NativeLinear(c.weight, ext, threads)
+                native = _NativeLinear(c.weight, ext, threads, packed)
                 if isinstance(child, list):
                     child[i] = native
                 else:
                     setattr(module, name, native)
             elif isinstance(c, nn.Module):
-                _route(c, ext, threads)
+                _route(c, ext, threads, packed)
 
 
 def forward_table(ext, threads: int) -> None:
@@ -82,15 +92,20 @@ def forward_table(ext, threads: int) -> None:
         return 1000 * sorted(times)[len(times) // 2]
 
     widths = (1, 2, 4, 8)
-    base = {r: median(r) for r in widths}
-    _route(model, ext, threads)
-    emb = model.model.embed_tokens
-    if model.args.tie_word_embeddings:
-        emb.as_linear = lambda x: ext.skinny_linear(x, emb.weight, threads)
-    nat = {r: median(r) for r in widths}
-    print("whole forward after 128 tokens, ms (ratio to MLX at 1 token): tokens | mlx | native")
+    results = {"mlx": {r: median(r) for r in widths}}
+    for packed in (False, True):
+        model = load_target(None)[0]  # a fresh copy: `median` times whichever `model` is current
+        _route(model, ext, threads, packed)
+        emb = model.model.embed_tokens
+        if model.args.tie_word_embeddings:
+            head = _NativeLinear(emb.weight, ext, threads, packed)
+            emb.as_linear = lambda x, head=head: head(x)  # a function, not a child module
+        mx.eval(model.parameters())
+        results["native packed" if packed else "native dot"] = {r: median(r) for r in widths}
+    base = results["mlx"][1]
+    print("whole forward after 128 tokens, ms (ratio to MLX at 1 token): tokens | " + " | ".join(results))
     for r in widths:
-        print(f"{r} | {base[r]:.1f} ({base[r] / base[1]:.2f}) | {nat[r]:.1f} ({nat[r] / base[1]:.2f})")
+        print(f"{r} | " + " | ".join(f"{res[r]:.1f} ({res[r] / base:.2f})" for res in results.values()))
 
 
 def main() -> None:

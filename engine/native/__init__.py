@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import importlib
 
+import mlx.core as mx
+
+PANEL = 16  # outputs per panel of a packed weight (panel.inc)
+
 REASON: str | None = None
 
 
@@ -25,3 +29,14 @@ def load():
         return None
     REASON = None
     return module
+
+
+def pack_panels(w: mx.array) -> mx.array:
+    """w [N, K] float32 packed for `packed_linear`: wp [P, K, 16] with wp[p, k, j] = w[16 p + j, k]
+    (P = ceil(N / 16); the last panel is zero-padded). Same bytes as w, laid out so that the kernel
+    reads each panel as one sequential stream."""
+    n, k = w.shape
+    pad = -n % PANEL
+    if pad:
+        w = mx.concatenate([w, mx.zeros((pad, k), dtype=w.dtype)])
+    return mx.contiguous(w.reshape(-1, PANEL, k).transpose(0, 2, 1))  # [P, K, 16]

@@ -7,9 +7,13 @@ namespace dspark_native {
 namespace avx2 {
 void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
           int64_t n0, int64_t n1);
+void gemm_packed(const float* x, int64_t R, int64_t K, const float* wp, float* out, int64_t N, int64_t p0,
+                 int64_t p1);
 }
 namespace avx512 {
 void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
           int64_t n0, int64_t n1);
+void gemm_packed(const float* x, int64_t R, int64_t K, const float* wp, float* out, int64_t N, int64_t p0,
+                 int64_t p1);
 }
 }  // namespace dspark_native

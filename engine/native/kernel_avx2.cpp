@@ -1,3 +1,4 @@
 // AVX2 + FMA build of the kernel (compiled with -mavx2 -mfma).
 #define KERNEL_NS avx2
 #include "kernel.inc"
+#include "panel.inc"

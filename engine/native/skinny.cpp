@@ -59,23 +59,53 @@ void skinny_gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t l
   }
 }
 
+// The packed weight's P panels split over `threads` in contiguous ranges (a multiple of 12 panels:
+// the AVX-512 kernel walks three or four at a time).
+void packed_gemm(const float* x, int64_t R, int64_t K, const float* wp, int64_t P, float* out, int64_t N,
+                 int threads) {
+  static const bool wide = has_avx512();
+  threads = std::max(1, std::min<int>(threads, static_cast<int>((P + 11) / 12)));
+  int64_t chunk = ((P + threads - 1) / threads + 11) / 12 * 12;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int t = 0; t < threads; ++t) {
+    int64_t p0 = std::min<int64_t>(P, t * chunk), p1 = std::min<int64_t>(P, p0 + chunk);
+    if (wide)
+      dspark_native::avx512::gemm_packed(x, R, K, wp, out, N, p0, p1);
+    else
+      dspark_native::avx2::gemm_packed(x, R, K, wp, out, N, p0, p1);
+  }
+}
+
+// x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
+// packed_n outputs, else w is [N, K] as it is.
 class SkinnyLinear : public mx::UnaryPrimitive {
  public:
-  SkinnyLinear(mx::Stream stream, int threads) : mx::UnaryPrimitive(stream), threads_(threads) {}
+  SkinnyLinear(mx::Stream stream, int threads, int64_t packed_n = -1)
+      : mx::UnaryPrimitive(stream), threads_(threads), packed_n_(packed_n) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
-    if (!x.flags().row_contiguous || w.strides(1) != 1)
-      throw std::runtime_error("skinny_linear: x must be row-contiguous and w have unit column stride");
+    bool packed = packed_n_ >= 0;
+    if (!x.flags().row_contiguous || (packed ? !w.flags().row_contiguous : w.strides(1) != 1))
+      throw std::runtime_error("skinny_linear: x must be row-contiguous, w have unit column stride (packed: be "
+                               "row-contiguous)");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
     encoder.set_input_array(w);
     encoder.set_output_array(out);
-    int64_t K = w.shape(1), N = w.shape(0), R = x.size() / K, ldw = w.strides(0);
-    encoder.dispatch([xp = x.data<float>(), wp = w.data<float>(), op = out.data<float>(), R, K, N, ldw,
-                      threads = threads_]() { skinny_gemm(xp, R, K, wp, ldw, op, N, threads); });
+    int64_t K = w.shape(1), threads = threads_;
+    const float* xp = x.data<float>();
+    const float* wp = w.data<float>();
+    float* op = out.data<float>();
+    if (packed) {
+      int64_t P = w.shape(0), N = packed_n_, R = x.size() / K;
+      encoder.dispatch([=]() { packed_gemm(xp, R, K, wp, P, op, N, threads); });
+    } else {
+      int64_t N = w.shape(0), R = x.size() / K, ldw = w.strides(0);
+      encoder.dispatch([=]() { skinny_gemm(xp, R, K, wp, ldw, op, N, threads); });
+    }
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -85,17 +115,19 @@ class SkinnyLinear : public mx::UnaryPrimitive {
   const char* name() const override { return "SkinnyLinear"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return threads_ == static_cast<const SkinnyLinear&>(other).threads_;
+    auto& o = static_cast<const SkinnyLinear&>(other);
+    return threads_ == o.threads_ && packed_n_ == o.packed_n_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
+    shape.back() = packed_n_ >= 0 ? static_cast<int>(packed_n_) : inputs[1].shape(0);
     return {shape};
   }
 
  private:
   int threads_;
+  int64_t packed_n_;
 };
 
 mx::array skinny_linear(const mx::array& x, const mx::array& w, int threads) {
@@ -110,6 +142,20 @@ mx::array skinny_linear(const mx::array& x, const mx::array& w, int threads) {
                    {mx::contiguous(x, false, s), w});
 }
 
+// x [..., K] @ w.T for w packed by pack_panels: wp [P, K, 16] holding n outputs (n <= 16 P).
+mx::array packed_linear(const mx::array& x, const mx::array& wp, int64_t n, int threads) {
+  if (x.dtype() != mx::float32 || wp.dtype() != mx::float32)
+    throw std::invalid_argument("packed_linear: float32 only");
+  if (wp.ndim() != 3 || wp.shape(2) != 16 || x.ndim() < 1 || x.shape(-1) != wp.shape(1) || n < 0 ||
+      n > 16 * static_cast<int64_t>(wp.shape(0)))
+    throw std::invalid_argument("packed_linear: x [..., K], wp [P, K, 16] and n <= 16 P expected");
+  mx::Stream s = mx::to_stream(mx::Device::cpu);
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(n);
+  return mx::array(shape, mx::float32, std::make_shared<SkinnyLinear>(s, threads, n),
+                   {mx::contiguous(x, false, s), mx::contiguous(wp, false, s)});
+}
+
 bool cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -121,6 +167,9 @@ NB_MODULE(_native, m) {
   m.doc() = "dspark-serve's native CPU kernels (docs/native.md)";
   m.def("skinny_linear", &skinny_linear, "x"_a, "w"_a, "threads"_a = 1,
         "x @ w.T for float32 x [..., K] and w [N, K], streaming w once for all rows of x (CPU only).");
+  m.def("packed_linear", &packed_linear, "x"_a, "wp"_a, "n"_a, "threads"_a = 1,
+        "x @ w.T for float32 x [..., K] and w packed in panels wp [P, K, 16] (engine.native.pack_panels) "
+        "holding n outputs (CPU only).");
   m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2 and FMA the kernel needs.");
   m.def("instruction_set", []() { return has_avx512() ? "avx512" : "avx2"; }, "The kernel build in use.");
 }
