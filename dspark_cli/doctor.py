@@ -22,8 +22,23 @@ def collect() -> dict:
     info = backend.platform_summary()
     info["mapped_blas"] = backend.mapped_blas_libraries()
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
+    info["native"] = native_path()
     info["warnings"] = warnings(info)
     return info
+
+
+def native_path() -> str:
+    """Which path the target's linears take: the native panel kernel or MLX's (and why)."""
+    from engine import native
+    from engine.native.linear import requested
+
+    ext = native.load()
+    if not requested():
+        built = f"built ({ext.instruction_set()})" if ext is not None else "not built"
+        return f"MLX's (the native kernel is opt-in: DSPARK_NATIVE=1; {built})"
+    if ext is None:
+        return f"MLX's: DSPARK_NATIVE=1 but {native.REASON}"
+    return f"native panel kernel ({ext.instruction_set()}), DSPARK_NATIVE=1"
 
 
 def warnings(info: dict) -> list[str]:
@@ -61,6 +76,7 @@ def run(args) -> int:
         ("blas", f"{info['blas']}" + (f" ({info['blas_path']}, {info['blas_threads']} threads)" if info["blas_path"] else "")),
         ("blas note", info["blas_reason"]),
         ("sgemm 1024^3 fp32", f"{info['sgemm_gflops']} GFLOP/s"),
+        ("linear path", info["native"]),
     ]
     for key, value in rows:
         print(f"{key:>18}: {value}")

@@ -1,11 +1,12 @@
 """Time engine/native's skinny_linear against MLX's matmul (docs/native.md has the numbers).
 
-Two measurements, each the median (forward) or minimum (matrix) of repeated runs, printed with the
-BLAS and kernel build in use:
+Three measurements, each the median (forward, decode) or minimum (matrix) of repeated runs, printed
+with the BLAS and kernel build in use:
   1. the tied lm_head shape [49152, 576] at 1-16 rows, cycling six such matrices (678 MB) so the
      weights come from memory, not from a large last-level cache;
   2. the default model's whole forward of 1/2/4/8 new tokens after 128 cached ones, with MLX's
-     linears, then with every linear (and the tied lm_head) routed through the kernel.
+     linears, then with every linear (and the tied lm_head) routed through each kernel;
+  3. plain greedy decode speed on MLX's path and routed through the panel kernel, interleaved.
 
 Run pinned to one core with one BLAS thread, as the bench runs: see docs/native.md for the command.
 """
@@ -108,6 +109,33 @@ def forward_table(ext, threads: int) -> None:
         print(f"{r} | " + " | ".join(f"{res[r]:.1f} ({res[r] / base:.2f})" for res in results.values()))
 
 
+def decode_table(ext, tokens: int = 64, reps: int = 3) -> None:
+    """Plain greedy decode (mlx-lm's generate_step) of the default model on MLX's path and routed
+    through the panel kernel (engine.native.linear, as DSPARK_NATIVE=1 does), interleaved."""
+    from mlx_lm.generate import generate_step
+
+    from engine.native.linear import route_linears
+
+    mlx_model, tok = load_target(None)[:2]
+    routed = load_target(None)[0]
+    route_linears(routed, ext)
+    prompt = mx.array(tok.apply_chat_template([{"role": "user", "content": "Explain how a hash map works."}],
+                                              add_generation_prompt=True))
+    times: dict[str, list[float]] = {"mlx": [], "native packed": []}
+    outputs = {}
+    for _ in range(reps):
+        for name, model in (("mlx", mlx_model), ("native packed", routed)):
+            steps = generate_step(prompt, model, max_tokens=tokens, sampler=lambda x: mx.argmax(x, axis=-1))
+            first = next(steps)
+            t0 = time.perf_counter()
+            rest = [int(t) for t, _ in steps]
+            times[name].append((tokens - 1) / (time.perf_counter() - t0))
+            outputs[name] = [int(first[0])] + rest
+    print(f"plain greedy decode, {tokens} tokens after a chat prompt, tokens/s (median of {reps}): "
+          + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.1f}" for k, v in times.items())
+          + f"; same tokens: {outputs['mlx'] == outputs['native packed']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="kernel threads (default 1)")
@@ -119,6 +147,7 @@ def main() -> None:
           f"{args.threads} threads")
     matrix_table(ext, args.threads)
     forward_table(ext, args.threads)
+    decode_table(ext)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import mlx.nn as nn
 from engine.loading.default_model import ensure_default_model
 from engine.loading.gguf import ProgressFn
 from engine.loading.hub import HubUnavailableError, download, looks_like_hf_id
+from engine.native.linear import use_native
 
 log = logging.getLogger(__name__)
 
@@ -70,4 +71,7 @@ def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None
     model, tokenizer = load(str(path))
     prefer_float32_on_cpu(model)
     mx.eval(model.parameters())
+    routed, line = use_native(model)  # DSPARK_NATIVE=1 (docs/native.md)
+    if line:
+        (log.info if routed else log.warning)(line)
     return model, tokenizer, path, None

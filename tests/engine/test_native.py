@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 import engine.native as native
@@ -126,3 +127,91 @@ def test_fallback_when_not_built(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", missing)
     assert native.load() is None
     assert "not built" in native.REASON and "build_native.sh" in native.REASON
+
+
+@pytest.fixture(scope="module")
+def routed_smollm2(ext, default_model_dir):
+    """A fresh copy of the default model (not the session's shared one) with its linears routed."""
+    from engine.loading.target import load_target
+    from engine.native.linear import PackedLinear, route_linears
+
+    model, tok, _ = load_target(str(default_model_dir))
+    count = route_linears(model, ext)
+    assert count == 30 * 7 + 1  # every projection of the 30 layers and the tied head
+    assert not any(isinstance(m, nn.Linear) for _, m in model.named_modules())
+    assert sum(isinstance(m, PackedLinear) for _, m in model.named_modules()) == 30 * 7
+    return model, tok
+
+
+def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, default_target, default_model_dir):
+    """With every product through the panel kernel, speculative greedy equals the routed model's own
+    plain greedy token for token (verify rows are bit-identical to decode rows, so no tie slack), and
+    the routed model's greedy equals mlx-lm's on MLX's path up to measured near-ties."""
+    from engine.api import SpecStats
+    from engine.models.target import Target
+    from engine.sampling import SamplerSettings
+    from engine.samplers import make_sampler
+    from engine.scheduler import Scheduler
+    from engine.spec import DecodeOptions, SpecDecoder
+    from engine.text import apply_chat_template
+    from tests.engine import tiny
+    from tests.engine.references import cached_plain_greedy, plain_greedy
+    from tests.engine.smollm2_cases import QUESTIONS
+
+    model, tok = routed_smollm2
+    mlx_model = default_target[0]
+    target = Target(model, (2, 14, 26))
+    for i, question in enumerate(QUESTIONS[:2]):
+        prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
+        own = plain_greedy(model, prompt, 40)
+        drafter = tiny.OracleDrafter(target, reference=prompt + own, corrupt_every=(3, 4)[i], vocab=49152)
+        opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), stop_ids=frozenset())
+        dec = SpecDecoder(target, drafter, Scheduler(4), opts, SpecStats(mode="dspark", cap=4))
+        drafter.committed = dec.committed_view()
+        out = dec.prefill(prompt)
+        while len(out) < len(own):
+            out += dec.step(len(own) - len(out))
+        assert out[: len(own)] == own, i
+        assert 0 < dec.stats.accepted_tokens < dec.stats.drafted_tokens
+        reference = cached_plain_greedy(default_model_dir, mlx_model, prompt, 128)[: len(own)]
+        k = next((j for j, (a, b) in enumerate(zip(reference, own)) if a != b), None)
+        if k is not None:  # only where MLX's own top two logits nearly tie
+            top = mx.sort(mlx_model(mx.array([prompt + reference[:k]]))[0, -1])[-2:].tolist()
+            assert top[1] - top[0] <= 1e-4, (i, k, top)
+
+
+def test_native_is_opt_in_and_falls_back_with_a_line(ext, default_model_dir, monkeypatch, caplog):
+    """DSPARK_NATIVE=1 routes the loaded target; unset, nothing changes; asked for without the built
+    extension, MLX's path stays and one warning says why."""
+    import logging
+
+    import engine.native.linear as linear
+    from engine.loading.target import load_target
+
+    def packed_count(model):
+        return sum(isinstance(m, linear.PackedLinear) for _, m in model.named_modules())
+
+    monkeypatch.delenv("DSPARK_NATIVE", raising=False)
+    assert packed_count(load_target(str(default_model_dir))[0]) == 0
+    monkeypatch.setenv("DSPARK_NATIVE", "1")
+    assert packed_count(load_target(str(default_model_dir))[0]) == 210
+    monkeypatch.setattr(linear, "load", lambda: None)
+    monkeypatch.setattr(native, "REASON", "the native extension is not built (scripts/build_native.sh)")
+    with caplog.at_level(logging.WARNING, logger="engine.loading.target"):
+        assert packed_count(load_target(str(default_model_dir))[0]) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "DSPARK_NATIVE: keeping MLX's path: the native extension is not built (scripts/build_native.sh)"]
+
+
+def test_doctor_reports_the_linear_path(ext):
+    """`dspark doctor` says which path the target's linears take, and that the kernel is opt-in."""
+    import json
+
+    def report(extra):
+        out = subprocess.run([sys.executable, "-m", "dspark_cli.main", "doctor", "--json"], capture_output=True,
+                             text=True, check=True, cwd=ROOT, env={**os.environ, **extra})
+        return json.loads(out.stdout)["native"]
+
+    isa = ext.instruction_set()
+    assert report({"DSPARK_NATIVE": "0"}) == f"MLX's (the native kernel is opt-in: DSPARK_NATIVE=1; built ({isa}))"
+    assert report({"DSPARK_NATIVE": "1"}) == f"native panel kernel ({isa}), DSPARK_NATIVE=1"
