@@ -90,15 +90,18 @@ class MarkovHead(nn.Module):
         # W2 x: [n, r] -> [n, V], or [n, S] for the columns ``vocab`` [S] (rows of W2 [V, r] only).
         if vocab is None:
             return self.markov_w2(x)
+        if vocab is self._columns:  # serving's shortlist: W2's rows [S, r], gathered (dequantized) once
+            if self._column_rows is None:
+                rows = _linear_rows(self.markov_w2, vocab)
+                if rows is not None:
+                    mx.eval(rows)
+                object.__setattr__(self, "_column_rows", (rows,))
+            rows = self._column_rows[0]
+            if rows is not None:
+                return x @ rows.astype(x.dtype).T
         if not isinstance(self.markov_w2, nn.Linear):  # quantized: no row gather on packed weights
             return mx.take(self.markov_w2(x), vocab, axis=-1)
-        if vocab is not self._columns:
-            return x @ self.markov_w2.weight[vocab].T
-        if self._column_rows is None:
-            rows = self.markov_w2.weight[vocab]  # [S, r]
-            mx.eval(rows)
-            object.__setattr__(self, "_column_rows", rows)
-        return x @ self._column_rows.T
+        return x @ self.markov_w2.weight[vocab].T
 
 
 class ConfidenceHead(nn.Module):
@@ -311,12 +314,21 @@ class Drafter(nn.Module):
         cached = self._shortlist_rows
         if cached is None or cached[0] != dtype:
             rows = self._head_rows(self.shortlist)
+            if rows is None:  # a quantized linear head: its rows, dequantized once
+                rows = _packed_rows(self._head_module(), self.shortlist)
             rows = None if rows is None else rows.astype(dtype)
             if rows is not None:
                 mx.eval(rows)
             cached = (dtype, rows)
             object.__setattr__(self, "_shortlist_rows", cached)
         return cached[1]
+
+    def _head_module(self):
+        """The output head as a module (own lm_head, or the bound target's), or None when it is tied
+        or only a function."""
+        if not self.config.owns_embeddings:
+            return self._target_lm_head
+        return None if self.config.tie_word_embeddings else self.lm_head
 
     def _head_rows(self, vocab: mx.array) -> mx.array | None:
         """The output head's weight rows [S, d] for token ids ``vocab`` [S]; None when unreadable."""
@@ -460,6 +472,19 @@ def _weight_rows(head) -> ArrayFn | None:
     if isinstance(head, nn.Linear):  # nn.QuantizedLinear is not a subclass
         return lambda ids: head.weight[ids]
     return None
+
+
+def _packed_rows(head, ids: mx.array) -> mx.array | None:
+    """Rows [S, d] of an affine-quantized linear head's weight for ``ids`` [S], dequantized (the same
+    values its product uses); None for anything else."""
+    if not isinstance(head, nn.QuantizedLinear) or getattr(head, "mode", "affine") != "affine":
+        return None
+    return mx.dequantize(head.weight[ids], head.scales[ids], head.biases[ids], head.group_size, head.bits)
+
+
+def _linear_rows(head, ids: mx.array) -> mx.array | None:
+    """Weight rows [S, r] of a plain or affine-quantized linear map for output ids [S]; None otherwise."""
+    return head.weight[ids] if isinstance(head, nn.Linear) else _packed_rows(head, ids)
 
 
 def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:
