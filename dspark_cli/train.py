@@ -99,8 +99,9 @@ def add_parser(sub) -> None:
                    help="the gate's teacher-forced held-out greedy match at draft position 1")
     t.add_argument("--shortlist", type=int, default=0, metavar="N",
                    help="kd: distil over the batch's target top-k and labels plus the N most frequent training "
-                        "labels instead of the whole vocabulary (a cheaper step; serving still drafts over "
-                        "the whole vocabulary); 0 = whole vocabulary")
+                        "labels instead of the whole vocabulary (a cheaper step); those N tokens are saved as the "
+                        "drafter's draft vocabulary (shortlist.json, its label coverage printed), which serving "
+                        "drafts from; 0 = whole vocabulary")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--tap-scale", choices=["rms", "none"], default="rms",
                    help="train fc on taps scaled to unit RMS per feature (folded into fc when saved; "

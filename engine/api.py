@@ -142,6 +142,7 @@ class EngineInfo:
     requested_mode: Mode | None = None  # what was asked for, when it differs from `mode`
     mode_note: str | None = None  # why `mode` differs from the request (e.g. no drafter known)
     drafter_kind: DrafterKind | None = None  # what proposes the drafts; None in baseline mode
+    draft_vocab: int | None = None  # the trained drafter's shortlist size; None: it drafts over the whole vocabulary
     # The cross-request lookup history's size, live (updated after each request); None when off.
     lookup_history: HistoryUsage | None = field(default=None, compare=False)
     # The prefix cache's size and hit counts, live; None when it is off.

@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten
 from engine.backend import STATE as BLAS
 from engine.backend import blas_threads, thread_choices
 from engine.loading.default_model import cache_root
-from engine.models.drafter import draft_logits
+from engine.models.drafter import draft_base, draft_rows
 from engine.scheduler import CostCurve
 from engine.seams import drafter_kind
 
@@ -50,6 +50,9 @@ def curve_key(target, drafter, max_len: int) -> str:
     """
     parts = [platform.node(), _cpu_name(), str(mx.default_device()), BLAS.name, str(BLAS.threads), mx.__version__,
              _shapes(target.model), str(target.tap_layer_ids), _shapes(_modelled(drafter)), str(max_len), "curve-v3"]
+    shortlist = getattr(drafter, "shortlist", None)
+    if shortlist is not None:  # a shortlist head costs less per row (absent: the key is as it always was)
+        parts.append(f"shortlist={shortlist.shape[0]}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -97,8 +100,8 @@ def _verify_timer(target, context: int = CONTEXT):
 
 def _draft_timer(drafter):
     """``timed(num)``: seconds of one draft pass proposing `num` tokens, as a fixed-cap round runs it:
-    the backbone over the block, one lm_head product over the rows, then the Markov bias and a
-    sampled token per row."""
+    the backbone over the block, one lm_head product over the rows (over the drafter's shortlist
+    when it has one, as served), then the Markov bias and a sampled token per row."""
     cfg = drafter.config
     dcache = drafter.make_cache()
     drafter.append_context(mx.zeros((1, CONTEXT, cfg.num_taps * cfg.hidden_size)), dcache)
@@ -107,9 +110,9 @@ def _draft_timer(drafter):
     def timed(num: int) -> float:
         t0 = time.perf_counter()
         h = drafter.draft_hidden(drafter.backbone(None, block, dcache))[0]  # [drafts, d]
-        rows, prev = drafter.base_logits(h[:num]), 1  # [num, V]
+        rows, prev = draft_base(drafter, h[:num]), 1  # [num, V] (shortlist: [num, S])
         for k in range(num):
-            row = draft_logits(drafter, h[k : k + 1], mx.array([prev]), rows[k : k + 1])[0]  # [V], as served
+            row = draft_rows(drafter, h[k : k + 1], mx.array([prev]), rows[k : k + 1])[0]  # [V], as served
             prev = mx.argmax(row).item()
         return time.perf_counter() - t0
 

@@ -151,6 +151,13 @@ def hybrid_scheduler(drafter: HybridDrafter, curve: CostCurve, max_draft: int | 
     return HybridScheduler(trained, LookupScheduler(drafter.lookup.config.max_drafts, free))
 
 
+def _draft_vocab(drafter) -> int | None:
+    """The trained drafter's shortlist size (its draft vocabulary), or None (none, or no trained drafter)."""
+    trained = drafter.trained if isinstance(drafter, HybridDrafter) else drafter
+    shortlist = getattr(trained, "shortlist", None)
+    return None if shortlist is None else int(shortlist.shape[0])
+
+
 def _model_id(spec_model: str | None, path: Path) -> str:
     if not spec_model:
         return DEFAULT_MODEL_NAME
@@ -252,6 +259,7 @@ def build_runtime(config: EngineConfig, progress=None) -> Runtime:
         model_id=_model_id(config.model, path), model_path=str(path), mode=mode, drafter=source, cap=cap,
         context_length=_context_length(model), sampler=spec.sampler, vocab_size=target.vocab_size,
         requested_mode=spec.mode if spec.mode != mode else None, mode_note=note, drafter_kind=drafter_kind(drafter),
+        draft_vocab=_draft_vocab(drafter),
         lookup_history=history.usage if history is not None else None,
         prefix_cache=prefix_cache.usage if prefix_cache is not None else None,
         vision=vision is not None, image_token_id=vision.image_token_id if vision is not None else None,

@@ -29,7 +29,11 @@ class DrafterConfigLike(Protocol):
 
 @runtime_checkable
 class DrafterLike(Protocol):
-    """A block drafter conditioned on the target's tapped hidden states (docs/method.md, "Drafters")."""
+    """A block drafter conditioned on the target's tapped hidden states (docs/method.md, "Drafters").
+
+    It may also carry ``shortlist`` ([S] int32 token ids, or None), its draft vocabulary
+    (docs/method.md §3.6); serving reads it with getattr, so a drafter without one needs nothing.
+    """
 
     config: DrafterConfigLike
     has_markov: bool

@@ -30,7 +30,7 @@ from engine import sampling
 from engine.api import EngineCancelled, KindStats, SpecStats
 from engine.grammar import CompiledGrammar
 from engine.lookup import split_drafter
-from engine.models.drafter import draft_logits
+from engine.models.drafter import draft_base, draft_rows
 from engine.models.target import Target, cache_length, fork_cache, trim_cache
 from engine.prefix_cache import PrefixState, capture
 from engine.processors import LogitProcessor, ProcessorSettings
@@ -329,17 +329,21 @@ class SpecDecoder:
         # Without confidence truncation the verified length is known now: one lm_head matmul over
         # exactly those rows. With it, rows are projected one by one as they are admitted.
         lazy = self._uses_confidence()
-        base = None if lazy else drafter.base_logits(h[: self.scheduler.round_limit])  # [l, V]
+        base = None if lazy else draft_base(drafter, h[: self.scheduler.round_limit])  # [l, V] (shortlist: [l, S])
+        maskable = self._draft_row_maskable()
         ids, logq_rows, prev = [], [], anchor
         for k in range(1, cap + 1):
             if not self.scheduler.admit(k, self._confidence(h, k, prev) if lazy else None):
                 break
             # Lazy: this row's lm_head runs only now that it is admitted. The Markov bias needs the
             # sampled x_{k-1} (and h_k for gated heads), so it is added row by row in either path.
-            row = draft_logits(drafter, h[k - 1 : k], mx.array([prev]),
-                               None if lazy else base[k - 1 : k])[0]  # [V]
+            # With a shortlist the row is -inf outside it (`draft_rows`: why that stays lossless).
+            row = draft_rows(drafter, h[k - 1 : k], mx.array([prev]),
+                             None if lazy else base[k - 1 : k])[0]  # [V]
             # Processed before sampling, so logq is exactly the q this draft is drawn from.
             row = self.processor.apply(row, ids)  # history: committed + drafts[:k-1]
+            if maskable and _all_masked(row):
+                break  # nothing to draw from: the round verifies the drafts so far (0 is a plain step)
             prev, logq = self.sampler.draft_token(row, position=p + k)
             ids.append(prev)
             logq_rows.append(logq)
@@ -359,6 +363,11 @@ class SpecDecoder:
                 break
             ids.append(token)
         return ids, (self.sampler.point_mass(ids, self.target.vocab_size) if ids else None)
+
+    def _draft_row_maskable(self) -> bool:
+        """Whether a processed draft row can be -inf everywhere: a grammar can forbid every token of a
+        shortlist drafter's row (a whole-vocabulary row always keeps the tokens the grammar allows)."""
+        return self.processor.grammar is not None and getattr(self._trained, "shortlist", None) is not None
 
     def _uses_confidence(self) -> bool:
         return self.scheduler.uses_confidence and self._trained.has_confidence
@@ -473,3 +482,12 @@ class SpecDecoder:
         else:
             pending = 0 if self.ctx_pending is None else self.ctx_pending.shape[1]
             assert self._trained.context_length(self.draft_cache) + pending == n - 1 + queued
+
+
+def _all_masked(row: mx.array) -> bool:
+    """True when the processed draft row [V] allows no token (every entry -inf).
+
+    Stopping the draft there is lossless: the decision depends on the history before draft k, not
+    on a draw from it, like the scheduler's cut (docs/method.md §3.6). Drawing from such a row would
+    instead give NaN log-probabilities (greedy: a forbidden argmax the grammar refuses later)."""
+    return mx.max(row).item() == float("-inf")

@@ -846,6 +846,7 @@ class Health(BaseModel):
     requested_mode: str | None = None  # set when the served mode differs from the requested one
     mode_note: str | None = None  # why (e.g. no drafter is known for the target)
     drafter_kind: str | None = None  # what proposes the drafts: dspark, dflash or lookup (None: baseline)
+    draft_vocab: int | None = None  # the trained drafter's shortlist size (None: the whole vocabulary)
     lookup_history: LookupHistoryHealth | None = None  # set when --lookup-history is on
     prefix_cache: PrefixCacheHealth | None = None  # set when the prefix cache is on
 

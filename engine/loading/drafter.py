@@ -33,6 +33,9 @@ _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _MAX_LISTED = 10
 _SAVE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+# The drafter's draft vocabulary, optional, beside its weights: {"ids": [sorted distinct token ids],
+# "size": len(ids), "label_coverage": share of training labels inside} (docs/method.md §3.6).
+SHORTLIST_FILE = "shortlist.json"
 
 # Target model stem (lower-case repo name without org / quantization suffix) -> mode -> drafter id.
 PUBLISHED_DRAFTERS: dict[str, dict[str, str]] = {
@@ -82,9 +85,11 @@ def load_drafter(path_or_id: str, *, target_vocab_size: int, target_num_layers: 
     drafter.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()], strict=True)
     mx.eval(drafter.parameters())
     quantize_drafter(drafter, quantize)
-    log.info("loaded %s drafter %s (%d layers, block %d, markov r=%d, confidence=%s, quantize=%s)",
+    drafter.set_shortlist(read_shortlist(path, cfg.vocab_size))
+    shortlist = "none" if drafter.shortlist is None else str(drafter.shortlist.shape[0])
+    log.info("loaded %s drafter %s (%d layers, block %d, markov r=%d, confidence=%s, quantize=%s, shortlist=%s)",
              cfg.layout, path_or_id, cfg.num_hidden_layers, cfg.block_size, cfg.markov_rank,
-             cfg.enable_confidence_head, quantize)
+             cfg.enable_confidence_head, quantize, shortlist)
     return drafter, cfg
 
 
@@ -108,7 +113,40 @@ def save_drafter(drafter: Drafter, cfg: DrafterConfig, out_dir: str | Path, dtyp
     arrays = {k: v.astype(_SAVE_DTYPES[dtype]) for k, v in params.items()}
     # "format": "pt" lets Transformers-based loaders (DeepSpec, z-lab) open the file too.
     mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "pt"})
+    if drafter.shortlist is not None:
+        write_shortlist(out, drafter.shortlist.tolist())
     return out
+
+
+def write_shortlist(out_dir: str | Path, ids: list[int], label_coverage: float | None = None) -> Path:
+    """Write the draft vocabulary ``ids`` (sorted, distinct) as ``out_dir/shortlist.json``."""
+    raw: dict = {"size": len(ids)}
+    if label_coverage is not None:
+        raw["label_coverage"] = round(label_coverage, 5)
+    raw["ids"] = [int(i) for i in ids]
+    path = Path(out_dir) / SHORTLIST_FILE
+    path.write_text(json.dumps(raw) + "\n")
+    return path
+
+
+def read_shortlist(path: Path, vocab_size: int) -> mx.array | None:
+    """The draft vocabulary [S] int32 in ``path/shortlist.json``; None when the file is absent.
+
+    Refused (`DrafterLoadError`, naming the file) unless its ids are a non-empty, strictly
+    increasing list of token ids in [0, vocab_size), with ``size`` (if given) their count.
+    """
+    file = Path(path) / SHORTLIST_FILE
+    if not file.exists():
+        return None
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DrafterLoadError(f"cannot read {file}: {exc}") from exc
+    ids = raw.get("ids") if isinstance(raw, dict) else None
+    problem = _shortlist_problem(ids, raw.get("size") if isinstance(raw, dict) else None, vocab_size)
+    if problem:
+        raise DrafterLoadError(f"{file}: {problem}")
+    return mx.array(ids, dtype=mx.int32)
 
 
 def lookup_published_drafter(target_id: str, mode: str = "dspark") -> str | None:
@@ -247,6 +285,21 @@ def _check_target_fit(cfg: DrafterConfig, weights: dict[str, mx.array], vocab: i
                                f"(taps {list(cfg.target_layer_ids)}); this target has {num_layers} layers")
     if hidden is not None and hidden != cfg.hidden_size:
         raise DrafterLoadError(f"hidden size mismatch: drafter {cfg.hidden_size}, target {hidden}")
+
+
+def _shortlist_problem(ids, size, vocab_size: int) -> str | None:
+    """Why ``ids`` is not a usable draft vocabulary, or None."""
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return "'ids' must be a list of integer token ids"
+    if not ids:
+        return "'ids' is empty; a drafter needs at least one token to draft"
+    if any(not 0 <= i < vocab_size for i in ids):
+        return f"token ids must be in [0, {vocab_size}) (the target's vocabulary)"
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        return "'ids' must be sorted and without duplicates"
+    if size is not None and size != len(ids):
+        return f"'size' is {size} but 'ids' holds {len(ids)} ids"
+    return None
 
 
 def _is_packaging_token(token: str) -> bool:

@@ -17,9 +17,11 @@ m = taps, B = block_size, V = vocab, r = Markov rank, c = new context rows):
 Slot convention (the most likely bug, docs/method.md §2.2): DeepSpec slot j predicts ``p + j + 1`` (rows
 0..B-1), z-lab DFlash slot i >= 1 predicts ``p + i`` (rows 1..B-1). `draft_hidden` applies it.
 
-Serving always forms logits over the whole vocabulary. Training may pass ``vocab`` [S] (a draft
-shortlist, `engine.train.shortlist`) to `draft_logits`: the same logits, restricted to those columns
-[n, S], computed without the vocabulary-wide products.
+Training may pass ``vocab`` [S] (a draft shortlist, `engine.train.shortlist`) to `draft_logits`:
+the same logits, restricted to those columns [n, S], computed without the vocabulary-wide products.
+Serving forms rows with `draft_rows` (and their base with `draft_base`): over the whole vocabulary,
+or, for a drafter with a draft vocabulary (``Drafter.shortlist``, docs/method.md §3.6), over those
+columns only, scattered into a [n, V] row that is -inf elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ class MarkovHead(nn.Module):
             self.gate_proj = nn.Linear(d + r, r)  # input [h ; W1[prev]]
         elif self.kind == "rnn":
             self.joint_proj = nn.Linear(2 * r + d, 3 * r)  # input [s ; W1[prev] ; h] -> gate, cand, out
+        # Serving's draft vocabulary and W2's rows for it [S, r], gathered once (plain attributes).
+        object.__setattr__(self, "_columns", None)
+        object.__setattr__(self, "_column_rows", None)
+
+    def set_columns(self, vocab: mx.array | None) -> None:
+        """Remember serving's draft vocabulary ``vocab`` [S]: `step` with that very array reuses
+        W2's rows for it instead of gathering them per draft row."""
+        object.__setattr__(self, "_columns", vocab)
+        object.__setattr__(self, "_column_rows", None)
 
     def step(self, prev_ids: mx.array, h: mx.array | None, state: mx.array | None,
              vocab: mx.array | None = None) -> tuple[mx.array, mx.array | None]:
@@ -79,6 +90,15 @@ class MarkovHead(nn.Module):
         # W2 x: [n, r] -> [n, V], or [n, S] for the columns ``vocab`` [S] (rows of W2 [V, r] only).
         if vocab is None:
             return self.markov_w2(x)
+        if vocab is self._columns:  # serving's shortlist: W2's rows [S, r], gathered (dequantized) once
+            if self._column_rows is None:
+                rows = _linear_rows(self.markov_w2, vocab)
+                if rows is not None:
+                    mx.eval(rows)
+                object.__setattr__(self, "_column_rows", (rows,))
+            rows = self._column_rows[0]
+            if rows is not None:
+                return x @ rows.astype(x.dtype).T
         if not isinstance(self.markov_w2, nn.Linear):  # quantized: no row gather on packed weights
             return mx.take(self.markov_w2(x), vocab, axis=-1)
         return x @ self.markov_w2.weight[vocab].T
@@ -123,6 +143,20 @@ class Drafter(nn.Module):
         object.__setattr__(self, "_target_embed", None)
         object.__setattr__(self, "_target_lm_head", None)
         object.__setattr__(self, "_target_head_rows", None)
+        object.__setattr__(self, "shortlist", None)  # [S] int32 sorted draft vocabulary, or None
+        object.__setattr__(self, "_shortlist_rows", None)  # (dtype, head rows [S, d]) cached for serving
+
+    def set_shortlist(self, ids: mx.array | None) -> Drafter:
+        """Draft only from the token ids ``ids`` [S] (sorted, distinct, in [0, V)); None: the whole vocabulary.
+
+        The caller (the loader) validates them. The head's and the Markov head's rows for them are
+        gathered once, at first use, not per draft row.
+        """
+        object.__setattr__(self, "shortlist", None if ids is None else ids.astype(mx.int32))
+        object.__setattr__(self, "_shortlist_rows", None)
+        if self.has_markov:
+            self.markov_head.set_columns(self.shortlist)
+        return self
 
     # ------------------------------------------------------------ target binding
 
@@ -139,6 +173,7 @@ class Drafter(nn.Module):
         object.__setattr__(self, "_target_embed", embed_fn)
         object.__setattr__(self, "_target_lm_head", lm_head_fn)
         object.__setattr__(self, "_target_head_rows", head_rows_fn)
+        object.__setattr__(self, "_shortlist_rows", None)  # the head changed: gather its rows anew
         return self
 
     def bind_target_model(self, model: nn.Module) -> Drafter:
@@ -261,7 +296,7 @@ class Drafter(nn.Module):
     def _head_logits(self, h: mx.array, vocab: mx.array | None) -> mx.array:
         """lm_head(h) [.., V] (or its columns ``vocab``: [.., S]) in float32, before any soft cap."""
         if vocab is not None:
-            rows = self._head_rows(vocab)  # [S, d] or None
+            rows = self._shortlist_head_rows(h.dtype) if vocab is self.shortlist else self._head_rows(vocab)
             if rows is None:
                 return mx.take(self._head_logits(h, None), vocab, axis=-1)
             return (h @ rows.astype(h.dtype).T).astype(mx.float32)
@@ -272,6 +307,28 @@ class Drafter(nn.Module):
         else:
             out = self.lm_head(h)
         return out.astype(mx.float32)
+
+    def _shortlist_head_rows(self, dtype: mx.Dtype) -> mx.array | None:
+        """The head's rows [S, d] for ``self.shortlist`` in ``dtype``, gathered once (a per-row gather
+        of S x d weights would cost as much as the product it saves); None when unreadable."""
+        cached = self._shortlist_rows
+        if cached is None or cached[0] != dtype:
+            rows = self._head_rows(self.shortlist)
+            if rows is None:  # a quantized linear head: its rows, dequantized once
+                rows = _packed_rows(self._head_module(), self.shortlist)
+            rows = None if rows is None else rows.astype(dtype)
+            if rows is not None:
+                mx.eval(rows)
+            cached = (dtype, rows)
+            object.__setattr__(self, "_shortlist_rows", cached)
+        return cached[1]
+
+    def _head_module(self):
+        """The output head as a module (own lm_head, or the bound target's), or None when it is tied
+        or only a function."""
+        if not self.config.owns_embeddings:
+            return self._target_lm_head
+        return None if self.config.tie_word_embeddings else self.lm_head
 
     def _head_rows(self, vocab: mx.array) -> mx.array | None:
         """The output head's weight rows [S, d] for token ids ``vocab`` [S]; None when unreadable."""
@@ -373,12 +430,61 @@ def draft_logits(drafter: Drafter, h_rows: mx.array, prev_ids: mx.array,
     return logits
 
 
+def draft_base(drafter, h_rows: mx.array) -> mx.array:
+    """Serving's base logits of draft rows h_rows [n, d]: [n, V], or [n, S] over the drafter's
+    shortlist when it has one (the vocabulary-wide head product is then never formed)."""
+    vocab = getattr(drafter, "shortlist", None)  # duck-typed test drafters have none
+    return drafter.base_logits(h_rows) if vocab is None else drafter.base_logits(h_rows, vocab)
+
+
+def draft_rows(drafter, h_rows: mx.array, prev_ids: mx.array, base: mx.array | None = None) -> mx.array:
+    """Serving's draft logits [n, V] (`draft_logits`), over the drafter's shortlist when it has one.
+
+    ``base`` is `draft_base` of the same rows, or None. Without a shortlist this is exactly
+    `draft_logits` over the whole vocabulary. With one (S sorted ids) the logits are formed over
+    S only, [n, S], and placed in a row that is -inf at every other token. Lossless by
+    construction: the accept rule only needs q to be the distribution the draft was sampled from,
+    and everything downstream (processors, temperature and truncation, the draw, log q, the ratio
+    p/q and the residual max(p - q, 0)) sees this row, so q is the softmax over S and exactly 0
+    elsewhere: a token outside S is never drafted, and the target's residual supplies it.
+    """
+    vocab = getattr(drafter, "shortlist", None)
+    if vocab is None:
+        return draft_logits(drafter, h_rows, prev_ids, base)
+    logits = draft_logits(drafter, h_rows, prev_ids, base, vocab=vocab)  # [n, S]
+    return scatter_columns(logits, vocab, drafter.config.vocab_size)
+
+
+def scatter_columns(logits: mx.array, vocab: mx.array, size: int) -> mx.array:
+    """Logits [n, S] at columns ``vocab`` [S] of a [n, size] row that is -inf elsewhere.
+
+    Built as a -inf row whose S entries are then *set* (not added: -inf + x would stay -inf).
+    """
+    n = logits.shape[0]
+    floor = mx.full((n, size), float("-inf"), dtype=mx.float32)  # [n, V]
+    cols = mx.broadcast_to(vocab[None], (n, vocab.shape[0]))  # [n, S]
+    return mx.put_along_axis(floor, cols, logits.astype(mx.float32), axis=-1)
+
+
 def _weight_rows(head) -> ArrayFn | None:
     """ids [S] -> rows [S, d] of a plain linear head's weight [V, d]; None for anything else
     (a quantized head packs its rows: callers then take the columns from the full product)."""
     if isinstance(head, nn.Linear):  # nn.QuantizedLinear is not a subclass
         return lambda ids: head.weight[ids]
     return None
+
+
+def _packed_rows(head, ids: mx.array) -> mx.array | None:
+    """Rows [S, d] of an affine-quantized linear head's weight for ``ids`` [S], dequantized (the same
+    values its product uses); None for anything else."""
+    if not isinstance(head, nn.QuantizedLinear) or getattr(head, "mode", "affine") != "affine":
+        return None
+    return mx.dequantize(head.weight[ids], head.scales[ids], head.biases[ids], head.group_size, head.bits)
+
+
+def _linear_rows(head, ids: mx.array) -> mx.array | None:
+    """Weight rows [S, r] of a plain or affine-quantized linear map for output ids [S]; None otherwise."""
+    return head.weight[ids] if isinstance(head, nn.Linear) else _packed_rows(head, ids)
 
 
 def _reference_layer(layer: DrafterLayer, x: mx.array, ctx_h: mx.array, rope: nn.Module) -> mx.array:

@@ -22,7 +22,7 @@ from typing import TextIO
 import mlx.core as mx
 import numpy as np
 
-from engine.loading.drafter import load_drafter
+from engine.loading.drafter import load_drafter, write_shortlist
 from engine.models.target import Target
 from engine.train import data as D
 from engine.train import precondition
@@ -146,11 +146,11 @@ def _train(cfg: TrainConfig, dcfg, model, target: Target, features: FeatureSourc
 
 
 def _save_shortlist(cfg: TrainConfig, shortlist: np.ndarray, train: list[D.Sample], bar: ProgressBar) -> None:
-    """shortlist.json: the KD's frequent-token columns and their coverage of the training labels."""
+    """shortlist.json beside the drafter's weights (``cfg.out``): the KD's frequent-token columns, which
+    serving then drafts from (the draft vocabulary, docs/method.md §3.6), and their label coverage."""
     coverage = label_coverage(shortlist, train)
     bar.message(f"draft shortlist: {shortlist.size} tokens, {coverage:.4f} of the training labels")
-    (cfg.out / "shortlist.json").write_text(json.dumps(
-        {"size": int(shortlist.size), "label_coverage": round(coverage, 5), "ids": shortlist.tolist()}) + "\n")
+    write_shortlist(cfg.out, shortlist.tolist(), coverage)
 
 
 def _save(cfg: TrainConfig, dcfg, drafter) -> None:

@@ -13,9 +13,10 @@ column, so the shortlist only decides which *other* tokens the drafter learns to
 shortlist is the ``size`` most frequent labels of the training samples (a pure function of the
 samples, so a resumed run rebuilds the same one).
 
-Serving is unchanged: drafts are formed over the whole vocabulary (`draft_logits` without
-``vocab``), and so are the trainer's held-out instruments and gate, which therefore measure what
-the shortlist costs, if anything.
+The shortlist is saved beside the drafter's weights (``shortlist.json``, `engine.loading.drafter`),
+and serving drafts from it (`engine.models.drafter.draft_rows`; docs/method.md §3.6). The trainer's
+held-out instruments and gate form drafts over the whole vocabulary and report how often the
+argmax falls outside the shortlist; the held-out rounds load the saved drafter as serving does.
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ def _health(app_state: AppState) -> Health:
         "requested_mode": info.requested_mode if info else None,
         "mode_note": info.mode_note if info else None,
         "drafter_kind": info.drafter_kind if info else None,
+        "draft_vocab": info.draft_vocab if info else None,
         "lookup_history": _history(info),
         "prefix_cache": dataclasses.asdict(info.prefix_cache) if info is not None and info.prefix_cache else None,
     })

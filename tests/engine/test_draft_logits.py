@@ -3,6 +3,7 @@ which needs the drafter row h, trains, loads, serves and is timed; rnn heads are
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from engine import costs
 from engine.api import SpecStats
 from engine.loading.drafter import load_drafter
-from engine.models.drafter import draft_logits
+from engine.models.drafter import draft_logits, draft_rows
 from engine.models.drafter_config import DrafterConfigError
 from engine.models.target import Target
 from engine.sampling import SamplerSettings
@@ -76,12 +77,14 @@ def test_draft_logits_is_base_plus_gated_bias_and_takes_a_precomputed_base(tmp_p
 
 
 def test_engine_adds_the_markov_bias_in_one_place_only():
-    """Only engine/models/drafter.py calls markov_bias: serving, costs and training go through draft_logits."""
+    """Only engine/models/drafter.py calls markov_bias: training goes through draft_logits, serving and
+    costs through draft_rows (draft_logits, over the drafter's shortlist when it has one)."""
     callers = sorted(str(p.relative_to(ENGINE)) for p in ENGINE.rglob("*.py")
                      if re.search(r"\.markov_bias\(", p.read_text()))
     assert callers == ["models/drafter.py"]
-    for user in ("spec.py", "costs.py", "train/loss.py"):
-        assert "draft_logits(" in (ENGINE / user).read_text(), user
+    for user, call in (("spec.py", "draft_rows("), ("costs.py", "draft_rows("), ("train/loss.py", "draft_logits(")):
+        assert call in (ENGINE / user).read_text(), user
+    assert "draft_logits(" in inspect.getsource(draft_rows)
 
 
 # ---------------------------------------------------------------- gated heads end to end

@@ -53,3 +53,11 @@ def test_counters_by_kind_add_up_and_keep_the_old_names():
     assert got[("dspark_spec_accepted_tokens_by_kind_total", kind)] == 18
     assert got[("dspark_spec_empty_rounds_by_kind_total", kind)] == 6
     assert got[("dspark_spec_draft_tokens_total", ())] == 24 and got[("dspark_spec_rounds_total", ())] == 14
+
+
+async def test_health_reports_the_draft_vocabulary():
+    """A drafter with a shortlist: /health gives its size as draft_vocab (absent: null)."""
+    for info, expected in ((replace(INFO, draft_vocab=8192), 8192), (INFO, None)):
+        app = create_app(settings(), FakeEngine(info=info))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            assert (await c.get("/health")).json()["draft_vocab"] == expected
