@@ -82,9 +82,35 @@ install_browser() {
   fi
 }
 
+# The native panel kernel (engine/native, docs/native.md; used with DSPARK_NATIVE=1): built when
+# this is Linux x86-64 with CMake and a C++ compiler, and rebuilt only when its sources or MLX change.
+# A failed or skipped build is not an error: the engine keeps MLX's path and says why.
+build_native() {
+  [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ] || return 0
+  if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
+    say "note: no cmake or C++ compiler; the native kernel is not built (optional, docs/native.md)"
+    return 0
+  fi
+  local stamp=engine/native/.dspark-built want
+  want=$( (cat engine/native/*.cpp engine/native/*.inc engine/native/*.h engine/native/CMakeLists.txt; \
+           "$VENV/bin/python" -c 'import mlx.core as mx; print(mx.__version__)') | "$PYTHON" -c \
+          'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && ls engine/native/_native*.so >/dev/null 2>&1; then
+    return 0
+  fi
+  say "building the native kernel (optional, docs/native.md)"
+  if "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nanobind==3.1.0" &&
+     DSPARK_VENV="$VENV" ./scripts/build_native.sh >/dev/null 2>&1; then
+    echo "$want" > "$stamp"
+  else
+    say "warning: the native kernel did not build (optional; scripts/build_native.sh shows why)"
+  fi
+}
+
 install_blas
 make_venv
 install_node_client
 install_browser
+build_native
 say "preparing the default model (once; cached in ${DSPARK_CACHE:-~/.cache/dspark-serve})"
 "$VENV/bin/dspark" prepare >/dev/null

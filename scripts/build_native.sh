@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build engine/native's MLX extension (docs/native.md) against this virtualenv's MLX wheel and copy
 # it into engine/native/. Needs CMake, a C++20 compiler, OpenMP and nanobind at the ABI of the MLX
-# wheel (the test extra pins it). Not part of bootstrap yet: the engine does not use it yet.
+# wheel (the test extra pins it). scripts/bootstrap.sh runs it where it can (the engine uses the
+# kernel with DSPARK_NATIVE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(cd "${DSPARK_VENV:-.venv}" && pwd)
