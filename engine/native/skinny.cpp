@@ -42,38 +42,41 @@ bool has_avx512() {
   return __builtin_cpu_supports("avx512f") && !(isa && std::string(isa) == "avx2");
 }
 
-// Outputs split over `threads` in contiguous ranges (multiples of 16, so no two threads write the
-// same cache line of a row); each range runs the widest kernel this CPU has.
-void skinny_gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
-                 int threads) {
+// fn(begin, end, wide) over [0, units) split into `threads` contiguous ranges, each a multiple of
+// `align` units and at least `min_units` long (so no two threads share a cache line of a row, and
+// a thread has enough work); `wide`: run the AVX-512 build.
+template <typename Fn>
+void split(int64_t units, int64_t align, int64_t min_units, int threads, Fn fn) {
   static const bool wide = has_avx512();
-  threads = std::max(1, std::min<int>(threads, static_cast<int>((N + 63) / 64)));
-  int64_t chunk = ((N + threads - 1) / threads + 15) / 16 * 16;
+  threads = std::max(1, std::min<int>(threads, static_cast<int>((units + min_units - 1) / min_units)));
+  int64_t chunk = ((units + threads - 1) / threads + align - 1) / align * align;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int t = 0; t < threads; ++t) {
-    int64_t n0 = std::min<int64_t>(N, t * chunk), n1 = std::min<int64_t>(N, n0 + chunk);
+    int64_t begin = std::min<int64_t>(units, t * chunk), end = std::min<int64_t>(units, begin + chunk);
+    fn(begin, end, wide);
+  }
+}
+
+// Outputs in ranges of multiples of 16.
+void skinny_gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
+                 int threads) {
+  split(N, 16, 64, threads, [&](int64_t n0, int64_t n1, bool wide) {
     if (wide)
       dspark_native::avx512::gemm(x, R, K, w, ldw, out, N, n0, n1);
     else
       dspark_native::avx2::gemm(x, R, K, w, ldw, out, N, n0, n1);
-  }
+  });
 }
 
-// The packed weight's P panels split over `threads` in contiguous ranges (a multiple of 12 panels:
-// the AVX-512 kernel walks three or four at a time).
+// Panels in ranges of multiples of 12 (the AVX-512 build walks three or four at a time).
 void packed_gemm(const float* x, int64_t R, int64_t K, const float* wp, int64_t P, float* out, int64_t N,
                  int threads) {
-  static const bool wide = has_avx512();
-  threads = std::max(1, std::min<int>(threads, static_cast<int>((P + 11) / 12)));
-  int64_t chunk = ((P + threads - 1) / threads + 11) / 12 * 12;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int t = 0; t < threads; ++t) {
-    int64_t p0 = std::min<int64_t>(P, t * chunk), p1 = std::min<int64_t>(P, p0 + chunk);
+  split(P, 12, 12, threads, [&](int64_t p0, int64_t p1, bool wide) {
     if (wide)
       dspark_native::avx512::gemm_packed(x, R, K, wp, out, N, p0, p1);
     else
       dspark_native::avx2::gemm_packed(x, R, K, wp, out, N, p0, p1);
-  }
+  });
 }
 
 // x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
