@@ -24,7 +24,7 @@ from engine.loading.default_model import DEFAULT_MODEL_NAME
 from engine.loading.drafter import load_drafter, lookup_published_drafter
 from engine.loading.target import load_target_with_vision
 from engine.lookup import (
-    DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, HybridDrafter, LookupConfig, LookupDrafter, LookupHistory,
+    DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NGRAM, HybridDrafter, LookupConfig, LookupDrafter, LookupHistory, split_drafter,
 )
 from engine.models.target import Target
 from engine.prefix_cache import PrefixCache, PrefixState, prefix_cache_for
@@ -153,8 +153,7 @@ def hybrid_scheduler(drafter: HybridDrafter, curve: CostCurve, max_draft: int | 
 
 def _draft_vocab(drafter) -> int | None:
     """The trained drafter's shortlist size (its draft vocabulary), or None (none, or no trained drafter)."""
-    trained = drafter.trained if isinstance(drafter, HybridDrafter) else drafter
-    shortlist = getattr(trained, "shortlist", None)
+    shortlist = getattr(split_drafter(drafter)[0], "shortlist", None)
     return None if shortlist is None else int(shortlist.shape[0])
 
 

@@ -24,6 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine import backend
 from engine.loading.target import load_target
 from engine.native import REASON, load, pack_panels
+from engine.native.linear import PackedLinear, route_linears
 
 
 def matrix_table(ext, threads: int) -> None:
@@ -49,34 +50,15 @@ def matrix_table(ext, threads: int) -> None:
         print(f"{rows} | {mlx_ms:.2f} | {dot_ms:.2f} | {packed_ms:.2f}")
 
 
-class _NativeLinear(nn.Module):
-    """A bias-free linear through the kernel: the dot-product one on w, or the panel one on w packed."""
+class DotLinear(nn.Module):
+    """A bias-free linear through the dot-product kernel (skinny_linear) on w as it is."""
 
-    def __init__(self, weight: mx.array, ext, threads: int, packed: bool):
+    def __init__(self, weight: mx.array, ext):
         super().__init__()
-        self._n = weight.shape[0]
-        self.weight = pack_panels(weight) if packed else weight
-        self._ext, self._threads, self._packed = ext, threads, packed
+        self.weight, self._ext = weight, ext
 
     def __call__(self, x):
-        if self._packed:
-            return self._ext.packed_linear(x, self.weight, self._n, self._threads)
-        return self._ext.skinny_linear(x, self.weight, self._threads)
-
-
-def _route(module: nn.Module, ext, threads: int, packed: bool) -> None:
-    """Replace every bias-free nn.Linear below `module` with the kernel."""
-    for name, child in module.children().items():
-        items = child if isinstance(child, list) else [child]
-        for i, c in enumerate(items):
-            if isinstance(c, nn.Linear) and "bias" not in c:
-                native = _NativeLinear(c.weight, ext, threads, packed)
-                if isinstance(child, list):
-                    child[i] = native
-                else:
-                    setattr(module, name, native)
-            elif isinstance(c, nn.Module):
-                _route(c, ext, threads, packed)
+        return self._ext.skinny_linear(x, self.weight, backend.current_blas_threads() or 1)
 
 
 def forward_table(ext, threads: int) -> None:
@@ -94,15 +76,11 @@ def forward_table(ext, threads: int) -> None:
 
     widths = (1, 2, 4, 8)
     results = {"mlx": {r: median(r) for r in widths}}
-    for packed in (False, True):
+    for name, make in (("native dot", DotLinear), ("native packed", PackedLinear)):
         model = load_target(None)[0]  # a fresh copy: `median` times whichever `model` is current
-        _route(model, ext, threads, packed)
-        emb = model.model.embed_tokens
-        if model.args.tie_word_embeddings:
-            head = _NativeLinear(emb.weight, ext, threads, packed)
-            emb.as_linear = lambda x, head=head: head(x)  # a function, not a child module
-        mx.eval(model.parameters())
-        results["native packed" if packed else "native dot"] = {r: median(r) for r in widths}
+        route_linears(model, ext, make)
+        with backend.blas_threads(threads):  # the routed kernels run at the BLAS's thread count, as served
+            results[name] = {r: median(r) for r in widths}
     base = results["mlx"][1]
     print("whole forward after 128 tokens, ms (ratio to MLX at 1 token): tokens | " + " | ".join(results))
     for r in widths:
@@ -113,8 +91,6 @@ def decode_table(ext, tokens: int = 64, reps: int = 3) -> None:
     """Plain greedy decode (mlx-lm's generate_step) of the default model on MLX's path and routed
     through the panel kernel (engine.native.linear, as DSPARK_NATIVE=1 does), interleaved."""
     from mlx_lm.generate import generate_step
-
-    from engine.native.linear import route_linears
 
     mlx_model, tok = load_target(None)[:2]
     routed = load_target(None)[0]
@@ -138,7 +114,7 @@ def decode_table(ext, tokens: int = 64, reps: int = 3) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="kernel threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="kernel threads (default 1; the routed forwards also set the BLAS to it)")
     args = parser.parse_args()
     ext = load()
     if ext is None:

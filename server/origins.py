@@ -33,10 +33,3 @@ class TokenOrigins:
         out, self._pending = self._pending, []
         return out
 
-
-def origins_of(events: list[TokenEvent], decode: Callable[[list[int]], str]) -> list[TokenOrigin]:
-    """All the tokens of a finished request, for a non-streamed reply."""
-    origins = TokenOrigins(decode)
-    for event in events:
-        origins.add(event)
-    return origins.take()

@@ -15,8 +15,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import backend
-from engine.native import load, pack_panels
+from engine import backend, native
 
 
 class PackedLinear(nn.Module):
@@ -25,7 +24,7 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: mx.array, ext) -> None:
         super().__init__()
         self.out_features = weight.shape[0]
-        self.packed = pack_panels(weight)  # [P, K, 16]
+        self.packed = native.pack_panels(weight)  # [P, K, 16]
         self._ext = ext
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -40,16 +39,17 @@ def requested() -> bool:
     return os.environ.get("DSPARK_NATIVE", "").strip().lower() in ("1", "on", "true", "yes")
 
 
-def route_linears(model: nn.Module, ext) -> int:
-    """Swap every bias-free float32 nn.Linear below `model` for a PackedLinear, and a tied
-    embedding's output product (`as_linear`) for one; returns how many products were routed."""
-    routed = _swap(model, ext)
+def route_linears(model: nn.Module, ext, make: Callable[[mx.array, object], nn.Module] = PackedLinear) -> int:
+    """Swap every bias-free float32 nn.Linear below `model` for ``make(weight, ext)`` (a PackedLinear
+    unless a benchmark asks for another kernel), and a tied embedding's output product (`as_linear`)
+    for one; returns how many products were routed."""
+    routed = _swap(model, ext, make)
     inner = getattr(model, "model", None)
     embed = getattr(inner, "embed_tokens", None)
     if getattr(model, "lm_head", None) is None and isinstance(embed, nn.Embedding) \
             and embed.weight.dtype == mx.float32:
-        head = PackedLinear(embed.weight, ext)
-        embed.as_linear = _as_function(head)  # a function, so the embedding gains no child module
+        head = make(embed.weight, ext)
+        embed.as_linear = lambda x: head(x)  # a function, so the embedding gains no child module
         routed += 1
     mx.eval(model.parameters())
     return routed
@@ -62,36 +62,30 @@ def use_native(model: nn.Module) -> tuple[bool, str | None]:
         return False, None
     if mx.default_device() != mx.cpu:
         return False, "DSPARK_NATIVE: the native kernel is for the CPU; keeping MLX's path on this device"
-    ext = load()
+    ext = native.load()
     if ext is None:
-        from engine import native
-
         return False, f"DSPARK_NATIVE: keeping MLX's path: {native.REASON}"
     count = route_linears(model, ext)
     return count > 0, f"native panel kernel ({ext.instruction_set()}): {count} linear products routed"
 
 
-def _swap(module: nn.Module, ext) -> int:
+def _swap(module: nn.Module, ext, make: Callable[[mx.array, object], nn.Module]) -> int:
     count = 0
     for name, child in module.children().items():
         items = child if isinstance(child, list) else [child]
         for i, item in enumerate(items):
             if _plain_float32_linear(item):
-                packed = PackedLinear(item.weight, ext)
+                routed = make(item.weight, ext)
                 if isinstance(child, list):
-                    child[i] = packed
+                    child[i] = routed
                 else:
-                    setattr(module, name, packed)
+                    setattr(module, name, routed)
                 count += 1
             elif isinstance(item, nn.Module):
-                count += _swap(item, ext)
+                count += _swap(item, ext, make)
     return count
 
 
 def _plain_float32_linear(module) -> bool:
     # nn.QuantizedLinear is not an nn.Linear subclass; biased layers keep MLX's path.
     return isinstance(module, nn.Linear) and "bias" not in module and module.weight.dtype == mx.float32
-
-
-def _as_function(head: PackedLinear) -> Callable[[mx.array], mx.array]:
-    return lambda x: head(x)

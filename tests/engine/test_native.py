@@ -195,7 +195,7 @@ def test_native_is_opt_in_and_falls_back_with_a_line(ext, default_model_dir, mon
     assert packed_count(load_target(str(default_model_dir))[0]) == 0
     monkeypatch.setenv("DSPARK_NATIVE", "1")
     assert packed_count(load_target(str(default_model_dir))[0]) == 210
-    monkeypatch.setattr(linear, "load", lambda: None)
+    monkeypatch.setattr(native, "load", lambda: None)
     monkeypatch.setattr(native, "REASON", "the native extension is not built (scripts/build_native.sh)")
     with caplog.at_level(logging.WARNING, logger="engine.loading.target"):
         assert packed_count(load_target(str(default_model_dir))[0]) == 0
