@@ -119,8 +119,8 @@ def main() -> None:
     ext = load()
     if ext is None:
         raise SystemExit(REASON)
-    print(f"BLAS: {backend.STATE.name} at {backend.current_blas_threads()} threads; kernel: {ext.instruction_set()}, "
-          f"{args.threads} threads")
+    print(f"BLAS: {backend.STATE.name} at {backend.current_blas_threads()} threads, sgemm 1024^3 "
+          f"{backend.measure_sgemm_gflops():.1f} GFLOP/s; kernel: {ext.instruction_set()}, {args.threads} threads")
     matrix_table(ext, args.threads)
     forward_table(ext, args.threads)
     decode_table(ext)

@@ -46,14 +46,15 @@ def main() -> None:
 
     from engine import costs
     from engine.backend import STATE as BLAS
-    from engine.backend import blas_threads
+    from engine.backend import blas_threads, measure_sgemm_gflops
     from engine.loading.target import load_target
     from engine.models.target import Target
 
     model, _, _ = load_target(None)
     vocab = model.args.vocab_size
     target = Target(model)
-    out = {"blas": BLAS.name, "threads": args.threads, "mlx": mx.__version__, "drafts": args.drafts,
+    out = {"blas": BLAS.name, "sgemm_gflops": round(measure_sgemm_gflops(), 1), "threads": args.threads,
+           "mlx": mx.__version__, "drafts": args.drafts,
            "shortlist": args.shortlist, "repeats": args.repeats}
     with blas_threads(args.threads):
         step = round(costs.measure_plain_step(target, repeats=args.repeats) * 1e3, 3)
