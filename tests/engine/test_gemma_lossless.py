@@ -20,7 +20,7 @@ from tests.stats import assert_detected, assert_fits
 pytest.importorskip("mlx_vlm")
 
 V, L, PROMPT, BUDGET, CAP = tiny.LOSSLESS_VOCAB, 3, [1, 2, 3], 6, 4
-N, N_CONTROL = 2000, 1000  # as in test_lossless.py: controls are detected with 1000 draws
+N = N_CONTROL = joint.DRAWS  # docs/method.md 7.3
 T1 = sampling.SamplerSettings(temperature=1.0)
 
 

@@ -29,7 +29,7 @@ from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
 V, L = tiny.LOSSLESS_VOCAB, 3
-N, N_CONTROL = 2000, 1000
+N = N_CONTROL = joint.DRAWS  # docs/method.md 7.3
 BUDGET = 6  # rounds may draft beyond the first L tokens, so multi-draft rounds shape them
 PROMPT = de_bruijn_pairs(V)
 T1 = sampling.SamplerSettings(temperature=1.0)

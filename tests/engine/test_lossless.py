@@ -23,11 +23,10 @@ from tests.engine import drafter_fixtures as fx
 from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
-# Sized to what the exact one-step tests (test_sampling.py) leave open, the wiring of rounds: every
-# control below is detected at p < 1e-9 with 1000 draws (docs/method.md 7.3), so the positive fits
-# take twice that.
-V, L, PROMPT, N = tiny.LOSSLESS_VOCAB, 3, [1, 2, 3], 2000
-N_CONTROL = 1000
+# Sized to what the exact one-step tests (test_sampling.py) leave open, the wiring of rounds
+# (joint.DRAWS; docs/method.md 7.3).
+V, L, PROMPT = tiny.LOSSLESS_VOCAB, 3, [1, 2, 3]
+N = N_CONTROL = joint.DRAWS
 MASK = V - 1
 # Each step may commit past the first L tokens, so rounds of several drafts (the Markov chain
 # between drafts, partial acceptance, the bonus after a full accept) shape the L tokens tested.

@@ -24,7 +24,7 @@ from tests.engine import joint, tiny
 from tests.stats import assert_detected, assert_fits
 
 V, L = tiny.LOSSLESS_VOCAB, 3
-N, N_CONTROL = 2000, 1000  # broken rules fail by a wide margin: fewer draws keep the file fast
+N = N_CONTROL = joint.DRAWS  # docs/method.md 7.3
 BUDGET = 6  # each step may draft beyond the first L tokens, so multi-draft rounds shape them
 
 
