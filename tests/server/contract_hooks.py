@@ -12,6 +12,11 @@ hold without making an invalid body valid (each hook touches only values that ar
   `text.format`, or a forced tool's parameters) becomes `{"type": "object"}`: whether the grammar
   engine can enforce a schema is not a JSON Schema rule (one it cannot is refused with a 400 naming
   the keyword, tests/server/test_errors.py).
+- Against the real engine (`DSPARK_CONTRACT_MAX_CHARS` set by `test_contract.py`), a body generated
+  as valid is made small: each string is cut to that many characters and each array to its first
+  `MAX_ITEMS` items. A fuzzed prompt of thousands of tokens costs tens of seconds of CPU prefill and
+  tests no more of the contract (the schema sets no maximum length and no minimum above 1). Bodies
+  generated as invalid are sent as they are.
 - An image URL (documented only when the served model takes images) becomes a data: URL of a small
   PNG: whether a URL can be fetched and holds an image is not a JSON Schema rule (tests/server/test_vision.py
   covers the refusals). Only non-empty strings are replaced, so an invalid part stays invalid. Image
@@ -28,6 +33,8 @@ import schemathesis
 from server.vision import MAX_IMAGES
 
 MAX_TOKENS = int(os.environ.get("DSPARK_CONTRACT_MAX_TOKENS", "4"))
+MAX_CHARS = int(os.environ.get("DSPARK_CONTRACT_MAX_CHARS", "0"))  # 0: valid bodies as generated
+MAX_ITEMS = 3  # with MAX_CHARS: arrays of valid bodies are cut to this many items
 LIMITS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
           "/v1/messages": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
 ANY_OBJECT = {"type": "object"}
@@ -42,6 +49,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """Cap the completion length and make the schema rules above hold (see the module docstring)."""
     if not isinstance(case.body, dict):
         return
+    if MAX_CHARS and _generated_valid(case):
+        _shorten(case.body)
     path = case.operation.path
     for fix in FIXES.get(path, ()):
         fix(case.body)
@@ -54,6 +63,26 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     limit = min([int(value) for value in sent if value is not None] + [MAX_TOKENS])
     for name in names:
         case.body[name] = limit
+
+
+def _generated_valid(case: Any) -> bool:
+    """True for a case Schemathesis generated to match the schema (positive mode)."""
+    mode = getattr(getattr(getattr(case, "meta", None), "generation", None), "mode", None)
+    return getattr(mode, "value", mode) == "positive"
+
+
+def _shorten(container: dict[str, Any] | list[Any]) -> None:
+    """Cut every string inside `container` (keys excepted) to MAX_CHARS and every array to MAX_ITEMS
+    items, in place."""
+    if isinstance(container, list):
+        del container[MAX_ITEMS:]
+    keys = container.keys() if isinstance(container, dict) else range(len(container))
+    for key in keys:
+        value = container[key]
+        if isinstance(value, str):
+            container[key] = value[:MAX_CHARS]
+        elif isinstance(value, dict | list):
+            _shorten(value)
 
 
 def _positive_integer(value: Any) -> bool:

@@ -8,7 +8,8 @@ schema-valid bodies served. Hooks (`contract_hooks.py`) keep completions a few t
   policies. Seconds. The fake's context window is larger than any body, because the window is a rule
   of the model and its tokenizer that JSON Schema cannot state; its vocabulary bounds token ids.
 - Against `dspark serve` on the default model (slow): fuzzing and stateful phases, a smaller budget,
-  both policies. A long prompt takes seconds of CPU prefill, so the budget stays small.
+  both policies. A long prompt takes seconds of CPU prefill, so the budget stays small and the
+  strings and arrays of valid bodies are cut short (`REAL_MAX_CHARS`).
 
 `make contract` runs both with larger budgets (`DSPARK_CONTRACT_EXAMPLES`, `DSPARK_CONTRACT_REAL_EXAMPLES`).
 """
@@ -33,22 +34,28 @@ from tests.server.fake_engine import IMAGE_TOKEN_ID, INFO, FakeEngine
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "server" / "schemathesis.toml"
 SEED = 42
-FAKE_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_EXAMPLES", "200"))
+FAKE_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_EXAMPLES", "100"))
 REAL_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_REAL_EXAMPLES", "15"))
+# Against the real engine, strings of valid bodies are cut to this many characters (and arrays to
+# 3 items, contract_hooks.py): a fuzzed prompt of thousands of tokens costs tens of seconds of prefill.
+REAL_MAX_CHARS = 200
 POLICIES = {"tolerant": (), "strict": ("--strict-params",)}
 
 
-def schemathesis(base_url: str, max_examples: int, phases: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+def schemathesis(base_url: str, max_examples: int, phases: str, workdir: Path,
+                 max_chars: int = 0) -> subprocess.CompletedProcess[str]:
     """One Schemathesis run over the served schema: every check, valid and invalid data, a fixed seed.
 
     It runs in `workdir`, where it keeps its caches; the hooks are imported from the repository.
+    `max_chars` > 0 cuts the strings of valid bodies to that length (contract_hooks.py).
     """
     cli = Path(sys.executable).with_name("schemathesis")
     command = [str(cli), "--config-file", str(CONFIG), "run", f"{base_url}/openapi.json", "--checks", "all",
                "--mode", "all", "--phases", phases, "--seed", str(SEED), "--max-examples", str(max_examples),
                "--workers", "1", "--request-timeout", "120", "--max-response-time", "120",
                "--generation-database", "none", "--no-color"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "DSPARK_CONTRACT_MAX_CHARS": str(max_chars)}
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
 
 
@@ -102,7 +109,7 @@ def test_contract_against_the_real_server(real_server, tmp_path):
     """Fuzzing and stateful phases against the real engine (half the budget under --strict-params)."""
     policy, server = real_server
     examples = REAL_EXAMPLES // 2 if policy == "strict" else REAL_EXAMPLES
-    assert_clean(schemathesis(server.base_url, max(examples, 1), "fuzzing,stateful", tmp_path))
+    assert_clean(schemathesis(server.base_url, max(examples, 1), "fuzzing,stateful", tmp_path, REAL_MAX_CHARS))
     assert "Traceback" not in "".join(server.output)
 
 
