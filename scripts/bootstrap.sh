@@ -92,9 +92,7 @@ build_native() {
     return 0
   fi
   local stamp=engine/native/.dspark-built want
-  want=$( (cat engine/native/*.cpp engine/native/*.inc engine/native/*.h engine/native/CMakeLists.txt; \
-           "$VENV/bin/python" -c 'import mlx.core as mx; print(mx.__version__)') | "$PYTHON" -c \
-          'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  want=$("$VENV/bin/python" -c 'from engine.native import source_stamp; print(source_stamp())')
   if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && ls engine/native/_native*.so >/dev/null 2>&1; then
     return 0
   fi

@@ -1,5 +1,6 @@
-"""Native CPU kernels built as an MLX extension (docs/native.md): a prototype of the verify path
-at the bandwidth limit. The engine does not call it yet; `scripts/build_native.sh` builds it.
+"""Native CPU kernels built as an MLX extension (docs/native.md): the target's linears at the
+bandwidth limit, used with DSPARK_NATIVE=1 (engine/native/linear.py). `scripts/build_native.sh`
+builds it; `scripts/bootstrap.sh` does so when `build_is_current()` says the build is stale.
 
 `load()` returns the extension module, or None with the reason in `REASON` (not built, built for
 another MLX or nanobind ABI, or a CPU without AVX2 and FMA), so callers can fall back cleanly.
@@ -7,13 +8,34 @@ another MLX or nanobind ABI, or a CPU without AVX2 and FMA), so callers can fall
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+from pathlib import Path
 
 import mlx.core as mx
 
 PANEL = 16  # outputs per panel of a packed weight (panel.inc)
 
 REASON: str | None = None
+HERE = Path(__file__).parent
+STAMP = HERE / ".dspark-built"  # the source_stamp() of the build in place (written by bootstrap)
+SOURCES = ("*.cpp", "*.inc", "*.h", "CMakeLists.txt")
+
+
+def source_stamp() -> str:
+    """A hash of the extension's sources and of MLX's version: what a build in place must match."""
+    digest = hashlib.sha256()
+    for pattern in SOURCES:
+        for path in sorted(HERE.glob(pattern)):
+            digest.update(path.read_bytes())
+    digest.update(mx.__version__.encode())
+    return digest.hexdigest()
+
+
+def build_is_current() -> bool:
+    """True when the built module in place was built from these sources for this MLX."""
+    built = STAMP.read_text().strip() if STAMP.exists() else None
+    return built == source_stamp() and any(HERE.glob("_native*.so"))
 
 
 def load():
