@@ -50,10 +50,12 @@ def test_seed_stable_same_tokens_across_modes_and_caps(default_model_dir, drafte
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
         reference, _ = _run(runtimes[("baseline", 1)], prompt, seed)
         assert len(reference) > 5
-        greedy, _ = _run(runtimes[("baseline", 1)], prompt, seed, temperature=0.0)
+        # The real (random) drafters through the whole runtime: greedy equals baseline too, on the
+        # first prompt (the decoder-level greedy tests cover many more prompts).
+        greedy = _run(runtimes[("baseline", 1)], prompt, seed, temperature=0.0)[0] if seed == 1 else None
         for key, runtime in runtimes.items():
             assert runtime.info.mode == key[0]
             ids, finished = _run(runtime, prompt, seed)
             assert ids == reference, key
-            # the real (random) drafters through the whole runtime: greedy equals baseline too
-            assert _run(runtime, prompt, seed, temperature=0.0)[0] == greedy, key
+            if greedy is not None:
+                assert _run(runtime, prompt, seed, temperature=0.0)[0] == greedy, key
