@@ -23,6 +23,9 @@ from engine.spec import SpecDecoder
 # detected at this size with a p-value below tests.stats.DETECTED (1e-6), 100x below the fits' ALPHA,
 # so a positive fit of this size fails on each known defect too (docs/method.md 7.3).
 DRAWS = 1000
+# Controls whose defect moves much more mass draw this many: each is detected below p = 1e-9 at 300
+# draws (measured on 2026-12-07; docs/method.md 7.3), 1000x under tests.stats.DETECTED.
+DRAWS_FAR = 300
 
 
 def exact_joint(target: Target, prompt: list[int], settings: sampling.SamplerSettings, vocab: int,

@@ -165,7 +165,7 @@ def q_without_markov(spy: MarkovSpy):
 
 def test_control_no_bonus(exact):
     """Negative control: replacing the bonus draw with a resample from q is detected."""
-    assert_detected(sample_joint(T1, SCHEDULERS["cap1"], n=N_CONTROL, sampler_cls=BonusFromQ), exact["T1"])
+    assert_detected(sample_joint(T1, SCHEDULERS["cap1"], n=joint.DRAWS_FAR, sampler_cls=BonusFromQ), exact["T1"])
 
 
 def test_control_q_without_markov(exact):
@@ -211,4 +211,4 @@ def test_joint_distribution_with_a_restored_prefix(exact):
 def test_control_restored_wrong_prefix(exact):
     """Negative control: a state holding another prompt's positions, restored as this one's, is detected."""
     state = prefix_state([4, 0, 5], label=PROMPT[:2] + [5])
-    assert_detected(sample_joint(T1, SCHEDULERS["cap4"], n=N_CONTROL, prefix=(state, 2)), exact["T1"])
+    assert_detected(sample_joint(T1, SCHEDULERS["cap4"], n=joint.DRAWS_FAR, prefix=(state, 2)), exact["T1"])

@@ -171,7 +171,7 @@ def test_control_rows_masked_with_the_pre_draft_state(exact, monkeypatch):
     with pytest.raises(RuntimeError, match="refused committed tokens"):
         sample_joint("dspark", "rejection", N_CONTROL)
     monkeypatch.setattr(GrammarMatcher, "commit", lambda self, tokens: self._matcher.try_consume_tokens(list(tokens)))
-    assert_detected(sample_joint("dspark", "rejection", N_CONTROL), exact["dspark"])
+    assert_detected(sample_joint("dspark", "rejection", joint.DRAWS_FAR), exact["dspark"])
 
 
 class RatioWithUnmaskedQ(RejectionSampler):
@@ -186,7 +186,8 @@ class RatioWithUnmaskedQ(RejectionSampler):
 
 def test_control_ratio_with_unmasked_q(exact):
     """Negative control: a q in the accept ratio that is not the masked q the draft came from."""
-    assert_detected(sample_joint("dspark", "rejection", N_CONTROL, sampler_cls=RatioWithUnmaskedQ), exact["dspark"])
+    assert_detected(sample_joint("dspark", "rejection", joint.DRAWS_FAR, sampler_cls=RatioWithUnmaskedQ),
+                    exact["dspark"])
 
 
 def test_refused_grammar_names_the_problem():

@@ -118,4 +118,4 @@ def test_control_residual_from_p(exact):
 
 def test_control_wrong_acceptance_probability(exact):
     """Negative control: accepting a draft with min(1, 2 p(x)) instead of p(x) is detected."""
-    assert_detected(sample_joint(SCHEDULERS["cap4"], n=N_CONTROL, sampler_cls=HalfMassQ), exact)
+    assert_detected(sample_joint(SCHEDULERS["cap4"], n=joint.DRAWS_FAR, sampler_cls=HalfMassQ), exact)
