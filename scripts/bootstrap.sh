@@ -91,16 +91,13 @@ build_native() {
     say "note: no cmake or C++ compiler; the native kernel is not built (optional, docs/native.md)"
     return 0
   fi
-  local stamp=engine/native/.dspark-built want
-  want=$("$VENV/bin/python" -c 'from engine.native import source_stamp; print(source_stamp())')
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && ls engine/native/_native*.so >/dev/null 2>&1; then
+  if "$VENV/bin/python" -c 'import sys; from engine.native import build_is_current; sys.exit(not build_is_current())'; then
     return 0
   fi
   say "building the native kernel (optional, docs/native.md)"
-  if "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nanobind==3.1.0" &&
-     DSPARK_VENV="$VENV" ./scripts/build_native.sh >/dev/null 2>&1; then
-    echo "$want" > "$stamp"
-  else
+  if ! { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nanobind==3.1.0" &&
+         DSPARK_VENV="$VENV" ./scripts/build_native.sh >/dev/null 2>&1 &&
+         "$VENV/bin/python" -c 'from engine.native import write_stamp; write_stamp()'; }; then
     say "warning: the native kernel did not build (optional; scripts/build_native.sh shows why)"
   fi
 }

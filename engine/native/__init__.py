@@ -38,6 +38,11 @@ def build_is_current() -> bool:
     return built == source_stamp() and any(HERE.glob("_native*.so"))
 
 
+def write_stamp() -> None:
+    """Record that the module in place was just built from these sources for this MLX."""
+    STAMP.write_text(source_stamp() + "\n")
+
+
 def load():
     """The `_native` extension module, or None (and `REASON` set) when it cannot be used here."""
     global REASON
