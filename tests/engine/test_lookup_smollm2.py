@@ -42,12 +42,11 @@ COPY_PROMPTS = [
 ]
 
 
-def decode(target, drafter, prompt, stop_ids, n=MAX_TOKENS):
-    """Greedy ids of up to n tokens after prompt (to the first stop id), and the decoder's stats
-    (invariants checked after every round but the last)."""
+def decode_lookup(target, prompt, stop_ids, n=MAX_TOKENS):
+    """Greedy lookup-drafted ids of up to n tokens after prompt (to the first stop id), and the
+    decoder's stats (invariants checked after every round but the last)."""
     opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), stop_ids=stop_ids)
-    dec = SpecDecoder(target, drafter, Scheduler(8) if drafter else None, opts,
-                      SpecStats(mode="lookup" if drafter else "baseline", cap=8))
+    dec = SpecDecoder(target, LookupDrafter(), Scheduler(8), opts, SpecStats(mode="lookup", cap=8))
     out = dec.prefill(prompt)
     while len(out) < n and not dec.done:
         out += dec.step(n - len(out))
@@ -71,7 +70,7 @@ def test_greedy_lookup_equals_baseline_on_copying_prompts(default_target, defaul
     for i, text in enumerate(COPY_PROMPTS + QUESTIONS[:2]):
         prompt = apply_chat_template(tok, [{"role": "user", "content": text}])
         plain = until_stop(cached_plain_greedy(default_model_dir, model, prompt, MAX_TOKENS), stop_ids)
-        spec, stats = decode(target, LookupDrafter(), prompt, stop_ids)
+        spec, stats = decode_lookup(target, prompt, stop_ids)
         k = next((j for j, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
         if k is None:
             assert len(spec) == len(plain), (i, len(spec), len(plain))

@@ -47,7 +47,8 @@ def schemathesis(base_url: str, max_examples: int, phases: str, workdir: Path,
     """One Schemathesis run over the served schema: every check, valid and invalid data, a fixed seed.
 
     It runs in `workdir`, where it keeps its caches; the hooks are imported from the repository.
-    `max_chars` > 0 cuts the strings of valid bodies to that length (contract_hooks.py).
+    `max_chars` > 0 cuts the strings of valid bodies to that length and their arrays to 3 items
+    (contract_hooks.py).
     """
     cli = Path(sys.executable).with_name("schemathesis")
     command = [str(cli), "--config-file", str(CONFIG), "run", f"{base_url}/openapi.json", "--checks", "all",
