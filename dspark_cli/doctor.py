@@ -33,11 +33,15 @@ def native_path() -> str:
     from engine.native.linear import requested
 
     ext = native.load()
-    if not requested():
+    asked = requested()
+    if asked is False:
         built = f"built ({ext.instruction_set()})" if ext is not None else "not built"
-        return f"MLX's (the native kernel is opt-in: DSPARK_NATIVE=1; {built})"
+        return f"MLX's (DSPARK_NATIVE=0; the native kernel is {built})"
     if ext is None:
-        return f"MLX's: DSPARK_NATIVE=1 but {native.REASON}"
+        return f"MLX's: {'DSPARK_NATIVE=1 but ' if asked else ''}{native.REASON}"
+    if asked is None:
+        return (f"MLX's for float32 products (DSPARK_NATIVE=1 routes them too), native panel kernel "
+                f"({ext.instruction_set()}) for quantized ones (--precision stored)")
     return f"native panel kernel ({ext.instruction_set()}), DSPARK_NATIVE=1"
 
 

@@ -20,11 +20,14 @@ def max_draft_value(text: str) -> int | str:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    """--model, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization,
+    """--model, --precision, --drafter, --mode, --sampler, --max-draft, --confidence-threshold, --drafter-quantization,
     --lookup-min-ngram, --lookup-history."""
     env = os.environ.get
     p.add_argument("--model", default=env("DSPARK_MODEL"),
                    help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct [env DSPARK_MODEL]")
+    p.add_argument("--precision", choices=["float32", "stored"], default=env("DSPARK_PRECISION", "float32"),
+                   help="the embedded default model's weights: float32, or the 4/8-bit tensors its GGUF stores, "
+                        "multiplied by the native kernel where it is built (docs/native.md) [env DSPARK_PRECISION]")
     p.add_argument("--drafter", default=env("DSPARK_DRAFTER"),
                    help="drafter directory or Hugging Face id; default: the shipped/published one [env DSPARK_DRAFTER]")
     p.add_argument("--mode", choices=["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"],
@@ -80,4 +83,4 @@ def engine_config(args, max_queue: int = 16):
                       confidence_threshold=args.confidence_threshold, sampler=args.sampler,
                       drafter_quantization=args.drafter_quantization, lookup_min_ngram=args.lookup_min_ngram,
                       lookup_history=args.lookup_history)
-    return EngineConfig(model=args.model, spec=spec, max_queue=max_queue)
+    return EngineConfig(model=args.model, precision=args.precision, spec=spec, max_queue=max_queue)

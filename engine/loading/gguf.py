@@ -2,14 +2,21 @@
 
 MLX reads GGUF natively (`mx.load(..., return_metadata=True)`): Q4_0/Q4_1/Q8_0 tensors arrive as
 MLX quantized triplets (weight, scales, biases; group size 32) and every metadata field, including
-the BPE vocabulary and merges, comes back as Python values. We dequantize to float32 (the fast CPU
-path; quantized matmul on CPU is 7-29x slower), undo llama.cpp's Q/K row permutation, and write
-config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
+the BPE vocabulary and merges, comes back as Python values. We undo llama.cpp's Q/K row permutation
+and write config.json, model.safetensors, tokenizer.json and tokenizer_config.json, at one of two
+precisions:
+
+    "float32"  dequantize every tensor to float32 (the fast CPU path; quantized matmul on CPU is
+               7-29x slower). The default.
+    "stored"   keep each quantized tensor as its MLX triplet at the file's own bit width (a fraction
+               of the memory), with a config.json "quantization" entry that makes mlx-lm build
+               QuantizedLinear / QuantizedEmbedding layers for them.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +27,8 @@ from engine.loading.gguf_tokenizer import write_tokenizer
 ProgressFn = Callable[[str], None]
 
 GGUF_GROUP_SIZE = 32
+PRECISIONS = ("float32", "stored")
+_TRIPLET = ("weight", "scales", "biases")  # MLX affine quantization: w = q * scales + biases, per group
 
 # GGUF tensor name -> mlx-lm llama name (per block, then global).
 _BLOCK_NAMES = {
@@ -45,7 +54,10 @@ def unpermute_qk(w: mx.array, n_heads: int) -> mx.array:
 
     llama.cpp's converter reorders each head's rows from HF's "rotate half" layout
     [x0..x(h/2-1), y0..y(h/2-1)] into interleaved pairs [x0, y0, x1, y1, ...]; MLX's
-    non-traditional RoPE expects HF's layout. w: [n_heads * head_dim, d_in].
+    non-traditional RoPE expects HF's layout. w: [n_heads * head_dim, cols], any dtype: a float
+    weight (cols = d_in) or one array of a quantized triplet (packed uint32 weight, float16 scales
+    or biases). Rows are output features and quantization groups run along the columns, so moving
+    whole rows of each array of a triplet is exact.
     """
     rows, cols = w.shape
     head_dim = rows // n_heads
@@ -95,53 +107,127 @@ def llama_config(meta: dict) -> dict:
     }
 
 
+def check_precision(precision: str) -> None:
+    """Raise ValueError unless `precision` is one of PRECISIONS."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+
+
+def quantized_bits(weight: mx.array, scales: mx.array, group_size: int = GGUF_GROUP_SIZE) -> int:
+    """Bit width of an MLX affine triplet from its shapes.
+
+    weight: [rows, d_in * bits / 32] packed uint32; scales: [rows, d_in / group_size].
+    """
+    return weight.shape[-1] * 32 // (scales.shape[-1] * group_size)
+
+
 def _dequantized(tensors: dict[str, mx.array], base: str) -> mx.array:
     """Float32 weight for GGUF tensor `base`, dequantizing MLX quantized triplets."""
     weight = tensors[base + ".weight"]
     scales = tensors.get(base + ".scales")
     if scales is None:
         return weight.astype(mx.float32)
-    # Packed uint32 columns per scale group give the bit width: 32 * cols / (groups * 32).
-    bits = weight.shape[-1] // scales.shape[-1]
+    bits = quantized_bits(weight, scales)
+    # Dequantized in the scales' float16, then widened: the stored path reproduces these values exactly.
     out = mx.dequantize(weight, scales, tensors[base + ".biases"], group_size=GGUF_GROUP_SIZE, bits=bits)
     return out.astype(mx.float32)
 
 
-def _mlx_name(base: str) -> str:
+def _stored(tensors: dict[str, mx.array], base: str) -> dict[str, mx.array]:
+    """suffix -> array for GGUF tensor `base` at its stored precision.
+
+    A quantized tensor keeps its triplet as MLX returned it (uint32 weight, float16 scales/biases);
+    anything MLX hands back unquantized (norms, other GGUF types) becomes float32, as in the
+    float32 path.
+    """
+    if base + ".scales" not in tensors:
+        return {"weight": tensors[base + ".weight"].astype(mx.float32)}
+    return {suffix: tensors[f"{base}.{suffix}"] for suffix in _TRIPLET}
+
+
+def _qk_heads(base: str, config: dict) -> int | None:
+    """Head count whose row order llama.cpp permuted for `base` (None: not a Q/K projection)."""
+    if base.endswith(".attn_q"):
+        return config["num_attention_heads"]
+    if base.endswith(".attn_k"):
+        return config["num_key_value_heads"]
+    return None
+
+
+def _mlx_module(base: str) -> str:
+    """mlx-lm module path (no .weight suffix) of GGUF tensor `base`."""
     if base.startswith("blk."):
         _, idx, kind = base.split(".", 2)
         if kind not in _BLOCK_NAMES:
             raise GGUFError(f"unexpected GGUF tensor '{base}'")
-        return f"model.layers.{idx}.{_BLOCK_NAMES[kind]}.weight"
+        return f"model.layers.{idx}.{_BLOCK_NAMES[kind]}"
     if base not in _GLOBAL_NAMES:
         raise GGUFError(f"unexpected GGUF tensor '{base}'")
-    return _GLOBAL_NAMES[base] + ".weight"
+    return _GLOBAL_NAMES[base]
 
 
-def convert_weights(tensors: dict[str, mx.array], config: dict, progress: ProgressFn | None = None) -> dict:
-    """GGUF tensors -> float32 mlx-lm weights, with Q/K rows un-permuted."""
+def _converted(tensors: dict[str, mx.array], base: str, config: dict, precision: str) -> dict[str, mx.array]:
+    """suffix -> array for one GGUF tensor at `precision`, with Q/K rows un-permuted."""
+    parts = {"weight": _dequantized(tensors, base)} if precision == "float32" else _stored(tensors, base)
+    heads = _qk_heads(base, config)
+    if heads is not None:
+        # Every array of a triplet shares the [n_heads * head_dim] row axis, so all move together.
+        parts = {suffix: unpermute_qk(arr, heads) for suffix, arr in parts.items()}
+    return parts
+
+
+def convert_weights(
+    tensors: dict[str, mx.array], config: dict, progress: ProgressFn | None = None, precision: str = "float32"
+) -> dict:
+    """GGUF tensors -> mlx-lm weights at `precision` ("float32" or "stored"), Q/K rows un-permuted.
+
+    "stored" names each quantized module's triplet `<module>.weight/.scales/.biases`.
+    """
+    check_precision(precision)
     bases = sorted({name.rsplit(".", 1)[0] for name in tensors})
     out: dict[str, mx.array] = {}
     for i, base in enumerate(bases):
-        w = _dequantized(tensors, base)
-        if base.endswith(".attn_q"):
-            w = unpermute_qk(w, config["num_attention_heads"])
-        elif base.endswith(".attn_k"):
-            w = unpermute_qk(w, config["num_key_value_heads"])
-        name = _mlx_name(base)
-        out[name] = w
-        mx.eval(w)
+        parts = _converted(tensors, base, config, precision)
+        module = _mlx_module(base)
+        out.update({f"{module}.{suffix}": arr for suffix, arr in parts.items()})
+        mx.eval(*parts.values())  # one tensor at a time, so the lazy graph never holds them all
         if progress and (i + 1) % 40 == 0:
             progress(f"converted {i + 1}/{len(bases)} tensors")
     return out
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressFn | None = None) -> None:
-    """Write an mlx-lm model directory (config, float32 weights, tokenizer) into `out_dir`."""
+def quantization_config(weights: dict[str, mx.array], group_size: int = GGUF_GROUP_SIZE) -> dict | None:
+    """config.json "quantization" entry for stored-precision weights (None when nothing is quantized).
+
+    mlx-lm's load_model quantizes the modules nn.quantize's predicate accepts: a module whose path
+    is a key here gets that dict as its to_quantized() arguments, and the top-level group_size /
+    bits / mode serve the rest. The top level takes the most common bit width; each module with
+    another width is named, so the layers match the file however a mlx-lm version infers defaults.
+    """
+    modules = [name.removesuffix(".scales") for name in weights if name.endswith(".scales")]
+    bits = {m: quantized_bits(weights[m + ".weight"], weights[m + ".scales"], group_size) for m in modules}
+    if not bits:
+        return None
+    common = Counter(bits.values()).most_common(1)[0][0]
+    entry: dict = {"group_size": group_size, "bits": common, "mode": "affine"}
+    for module, b in sorted(bits.items()):
+        if b != common:
+            entry[module] = {"group_size": group_size, "bits": b, "mode": "affine"}
+    return entry
+
+
+def convert_gguf(
+    gguf_path: Path, out_dir: Path, progress: ProgressFn | None = None, precision: str = "float32"
+) -> None:
+    """Write an mlx-lm model directory (config, weights at `precision`, tokenizer) into `out_dir`."""
+    check_precision(precision)
     tensors, meta = mx.load(str(gguf_path), return_metadata=True)
     config = llama_config(meta)
-    weights = convert_weights(tensors, config, progress)
+    weights = convert_weights(tensors, config, progress, precision)
     config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    quantization = quantization_config(weights) if precision == "stored" else None
+    if quantization is not None:
+        config["quantization"] = quantization
     out_dir.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

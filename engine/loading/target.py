@@ -23,10 +23,11 @@ class ModelNotFoundError(ValueError):
     """The model spec is neither a local directory nor a reachable Hugging Face repository."""
 
 
-def resolve_model_path(spec: str | None, progress: ProgressFn | None = None) -> Path:
-    """Directory of the model: None -> the embedded default, a local path, or a HF id download."""
+def resolve_model_path(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32") -> Path:
+    """Directory of the model: None -> the embedded default (converted at `precision`), a local
+    path, or a HF id download."""
     if spec is None or spec in ("", "default"):
-        return ensure_default_model(progress)
+        return ensure_default_model(progress, precision)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -52,17 +53,18 @@ def prefer_float32_on_cpu(model: nn.Module) -> None:
         model.set_dtype(mx.float32)
 
 
-def load_target(spec: str | None, progress: ProgressFn | None = None):
+def load_target(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32"):
     """Load (model, tokenizer, path) for `spec`, float32 on the CPU: through mlx-lm, or for a
-    vision-language model through mlx-vlm (its language model; the vision half is dropped)."""
-    return load_target_with_vision(spec, progress)[:3]
+    vision-language model through mlx-vlm (its language model; the vision half is dropped).
+    `precision` picks the embedded default's weights (EngineConfig.precision)."""
+    return load_target_with_vision(spec, progress, precision)[:3]
 
 
-def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None):
+def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32"):
     """(model, tokenizer, path, Vision or None): `load_target` plus the image half of an mlx-vlm model."""
     from engine.loading.vlm import is_vlm_dir, load_vlm
 
-    path = resolve_model_path(spec, progress)
+    path = resolve_model_path(spec, progress, precision)
     if is_vlm_dir(path):
         model, tokenizer, vision = load_vlm(path)
         return model, tokenizer, path, vision
@@ -71,7 +73,7 @@ def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None
     model, tokenizer = load(str(path))
     prefer_float32_on_cpu(model)
     mx.eval(model.parameters())
-    routed, line = use_native(model)  # DSPARK_NATIVE=1 (docs/native.md)
+    routed, line = use_native(model)  # DSPARK_NATIVE (docs/native.md)
     if line:
         (log.info if routed else log.warning)(line)
     return model, tokenizer, path, None

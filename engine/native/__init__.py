@@ -3,7 +3,7 @@ bandwidth limit, used with DSPARK_NATIVE=1 (engine/native/linear.py). `scripts/b
 builds it; `scripts/bootstrap.sh` does so when `build_is_current()` says the build is stale.
 
 `load()` returns the extension module, or None with the reason in `REASON` (not built, built for
-another MLX or nanobind ABI, or a CPU without AVX2 and FMA), so callers can fall back cleanly.
+another MLX or nanobind ABI, or a CPU without AVX2, FMA and F16C), so callers can fall back cleanly.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def load():
         REASON = f"the native extension is not built (scripts/build_native.sh): {exc}"
         return None
     if not module.cpu_supported():
-        REASON = "this CPU lacks AVX2 and FMA, which the native kernel needs"
+        REASON = "this CPU lacks AVX2, FMA or F16C, which the native kernel needs"
         return None
     REASON = None
     return module
@@ -67,3 +67,25 @@ def pack_panels(w: mx.array) -> mx.array:
     if pad:
         w = mx.concatenate([w, mx.zeros((pad, k), dtype=w.dtype)])
     return mx.contiguous(w.reshape(-1, PANEL, k).transpose(0, 2, 1))  # [P, K, 16]
+
+
+def pack_quantized(w: mx.array, scales: mx.array, biases: mx.array, bits: int, group_size: int):
+    """An MLX affine-quantized weight (w [N, K * bits / 32] uint32, scales and biases [N, K / group_size])
+    packed for `quantized_linear`: (codes [P, K * bits / 8, 16] uint8, scales [P, K / group_size, 16]
+    float16, biases the same), panels of 16 outputs as in `pack_panels`, the last zero-padded.
+    4-bit codes hold two consecutive k of one output a byte, the lower k in the low nibble.
+    The scales and biases must be exactly representable in float16 (they are in GGUF files)."""
+    n, words = w.shape
+    per_word = 32 // bits
+    shifts = mx.arange(per_word, dtype=mx.uint32) * bits
+    codes = ((w[:, :, None] >> shifts) & (2**bits - 1)).reshape(n, words * per_word).astype(mx.uint8)  # [N, K]
+    if bits == 4:
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)  # [N, K / 2]
+    pad = -n % PANEL
+
+    def panels(a: mx.array) -> mx.array:  # [N, C] -> [P, C, 16]
+        if pad:
+            a = mx.concatenate([a, mx.zeros((pad, a.shape[1]), dtype=a.dtype)])
+        return mx.contiguous(a.reshape(-1, PANEL, a.shape[1]).transpose(0, 2, 1))
+
+    return panels(codes), panels(scales.astype(mx.float16)), panels(biases.astype(mx.float16))

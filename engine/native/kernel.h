@@ -9,11 +9,15 @@ void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, flo
           int64_t n0, int64_t n1);
 void gemm_packed(const float* x, int64_t R, int64_t K, const float* wp, float* out, int64_t N, int64_t p0,
                  int64_t p1);
+void gemm_qpacked(const float* x, int64_t R, int64_t K, int64_t G, int bits, const uint8_t* qp,
+                  const uint16_t* sp, const uint16_t* bp, float* out, int64_t N, int64_t p0, int64_t p1);
 }
 namespace avx512 {
 void gemm(const float* x, int64_t R, int64_t K, const float* w, int64_t ldw, float* out, int64_t N,
           int64_t n0, int64_t n1);
 void gemm_packed(const float* x, int64_t R, int64_t K, const float* wp, float* out, int64_t N, int64_t p0,
                  int64_t p1);
+void gemm_qpacked(const float* x, int64_t R, int64_t K, int64_t G, int bits, const uint8_t* qp,
+                  const uint16_t* sp, const uint16_t* bp, float* out, int64_t N, int64_t p0, int64_t p1);
 }
 }  // namespace dspark_native

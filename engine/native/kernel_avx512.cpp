@@ -2,3 +2,4 @@
 #define KERNEL_NS avx512
 #include "kernel.inc"
 #include "panel.inc"
+#include "qpanel.inc"

@@ -1,10 +1,11 @@
-"""The target's linear layers through the native panel kernel (docs/native.md), opt-in.
+"""The target's linear layers through the native panel kernels (docs/native.md), opt-in.
 
-`DSPARK_NATIVE=1` routes every bias-free float32 `nn.Linear` of an mlx-lm target, and a tied
-embedding's output product, through `packed_linear` when the extension is built and this CPU has
-AVX2 and FMA; otherwise the target keeps MLX's path and one line says why. The weights are packed
-once at load and the unpacked copy is dropped (a tied embedding keeps its table for the lookups, so
-its packed head is the one extra copy).
+`DSPARK_NATIVE=1` routes every bias-free float32 `nn.Linear` of an mlx-lm target through
+`packed_linear`, every bias-free affine 4- or 8-bit `nn.QuantizedLinear` through `quantized_linear`,
+and a tied embedding's output product through the one that fits, when the extension is built and
+this CPU has AVX2, FMA and F16C; otherwise the target keeps MLX's path and one line says why. The
+weights are packed once at load and the unpacked copy is dropped (a tied embedding keeps its table
+for the lookups, so its packed head is the one extra copy).
 """
 
 from __future__ import annotations
@@ -34,48 +35,89 @@ class PackedLinear(nn.Module):
         return self._ext.packed_linear(x, self.packed, self.out_features, threads)
 
 
-def requested() -> bool:
-    """Whether DSPARK_NATIVE asks for the native kernel (1, on, true)."""
-    return os.environ.get("DSPARK_NATIVE", "").strip().lower() in ("1", "on", "true", "yes")
+class QuantizedPanelLinear(nn.Module):
+    """x @ w.T for an MLX affine-quantized weight (4 or 8 bits, float16-exact scales and biases),
+    held in quantized panels (`pack_quantized`): codes [P, K * bits / 8, 16], scales and biases
+    [P, K / group_size, 16]."""
+
+    def __init__(self, layer: nn.Module, ext) -> None:
+        super().__init__()
+        self.out_features = layer.weight.shape[0]
+        self.bits, self.group_size = layer.bits, layer.group_size
+        self.codes, self.scales, self.biases = native.pack_quantized(
+            layer.weight, layer.scales, layer.biases, layer.bits, layer.group_size)
+        self._ext = ext
+
+    def __call__(self, x: mx.array) -> mx.array:
+        threads = backend.current_blas_threads() or 1
+        return self._ext.quantized_linear(x, self.codes, self.scales, self.biases, self.out_features,
+                                          self.bits, self.group_size, threads)
 
 
-def route_linears(model: nn.Module, ext, make: Callable[[mx.array, object], nn.Module] = PackedLinear) -> int:
+def requested() -> bool | None:
+    """What DSPARK_NATIVE asks for: True (1, on, true, yes: every product the kernels take), False
+    (0, off, false, no: none), None (unset or anything else: the quantized products only)."""
+    setting = os.environ.get("DSPARK_NATIVE", "").strip().lower()
+    if setting in ("1", "on", "true", "yes"):
+        return True
+    return False if setting in ("0", "off", "false", "no") else None
+
+
+def route_linears(model: nn.Module, ext, make: Callable[[mx.array, object], nn.Module] = PackedLinear,
+                  quantized_only: bool = False) -> int:
     """Swap every bias-free float32 nn.Linear below `model` for ``make(weight, ext)`` (a PackedLinear
-    unless a benchmark asks for another kernel), and a tied embedding's output product (`as_linear`)
-    for one; returns how many products were routed."""
-    routed = _swap(model, ext, make)
+    unless a benchmark asks for another kernel), every packable nn.QuantizedLinear for a
+    QuantizedPanelLinear, and a tied embedding's output product (`as_linear`) for the one that
+    fits; `quantized_only`: leave the float32 ones alone. Returns how many products were routed."""
+    routed = _swap(model, ext, None if quantized_only else make)
     inner = getattr(model, "model", None)
     embed = getattr(inner, "embed_tokens", None)
-    if getattr(model, "lm_head", None) is None and isinstance(embed, nn.Embedding) \
-            and embed.weight.dtype == mx.float32:
-        head = make(embed.weight, ext)
-        embed.as_linear = lambda x: head(x)  # a function, so the embedding gains no child module
-        routed += 1
+    if getattr(model, "lm_head", None) is None and embed is not None:
+        head = None
+        if isinstance(embed, nn.Embedding) and embed.weight.dtype == mx.float32 and not quantized_only:
+            head = make(embed.weight, ext)
+        elif _packable_quantized(embed, nn.QuantizedEmbedding):
+            head = QuantizedPanelLinear(embed, ext)
+        if head is not None:
+            embed.as_linear = lambda x: head(x)  # a function, so the embedding gains no child module
+            routed += 1
     mx.eval(model.parameters())
     return routed
 
 
 def use_native(model: nn.Module) -> tuple[bool, str | None]:
-    """Route `model` through the kernel when DSPARK_NATIVE asks for it: (routed, the line to log;
-    None when it was not asked for)."""
-    if not requested():
+    """Route `model` through the kernels as DSPARK_NATIVE asks (`requested`): (routed, the line to
+    log; None when nothing was asked for and nothing routed).
+
+    Unset, only quantized products are routed, and only on the CPU: there MLX's own quantized
+    matmul is several times slower than the kernel (docs/native.md), while float32 products stay on
+    MLX's path, whose numbers the reference tests were made with."""
+    asked = requested()
+    if asked is False or (asked is None and not _has_quantized(model)):
         return False, None
     if mx.default_device() != mx.cpu:
-        return False, "DSPARK_NATIVE: the native kernel is for the CPU; keeping MLX's path on this device"
+        return False, None if asked is None else \
+            "DSPARK_NATIVE: the native kernel is for the CPU; keeping MLX's path on this device"
     ext = native.load()
     if ext is None:
-        return False, f"DSPARK_NATIVE: keeping MLX's path: {native.REASON}"
-    count = route_linears(model, ext)
+        return False, f"native kernel: keeping MLX's path: {native.REASON}"
+    count = route_linears(model, ext, quantized_only=asked is None)
     return count > 0, f"native panel kernel ({ext.instruction_set()}): {count} linear products routed"
 
 
-def _swap(module: nn.Module, ext, make: Callable[[mx.array, object], nn.Module]) -> int:
+def _has_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+
+
+def _swap(module: nn.Module, ext, make: Callable[[mx.array, object], nn.Module] | None) -> int:
+    """Route the linears below `module` (float32 ones through `make`, unless it is None)."""
     count = 0
     for name, child in module.children().items():
         items = child if isinstance(child, list) else [child]
         for i, item in enumerate(items):
-            if _plain_float32_linear(item):
-                routed = make(item.weight, ext)
+            routed = make(item.weight, ext) if make is not None and _plain_float32_linear(item) else \
+                QuantizedPanelLinear(item, ext) if _packable_quantized(item, nn.QuantizedLinear) else None
+            if routed is not None:
                 if isinstance(child, list):
                     child[i] = routed
                 else:
@@ -84,6 +126,15 @@ def _swap(module: nn.Module, ext, make: Callable[[mx.array, object], nn.Module])
             elif isinstance(item, nn.Module):
                 count += _swap(item, ext, make)
     return count
+
+
+def _packable_quantized(module, kind: type) -> bool:
+    # The kernel takes MLX's affine 4- and 8-bit layouts with float16 scales and biases; values
+    # another dtype cannot hold exactly keep MLX's path rather than change the model.
+    if not isinstance(module, kind) or "bias" in module or getattr(module, "mode", "affine") != "affine" \
+            or module.bits not in (4, 8) or module.group_size % 2:
+        return False
+    return all(mx.array_equal(a.astype(mx.float16).astype(a.dtype), a).item() for a in (module.scales, module.biases))
 
 
 def _plain_float32_linear(module) -> bool:

@@ -79,6 +79,17 @@ void packed_gemm(const float* x, int64_t R, int64_t K, const float* wp, int64_t 
   });
 }
 
+// Quantized panels in ranges of multiples of 4 (the AVX-512 build walks two or four at a time).
+void qpacked_gemm(const float* x, int64_t R, int64_t K, int64_t G, int bits, const uint8_t* qp,
+                  const uint16_t* sp, const uint16_t* bp, int64_t P, float* out, int64_t N, int threads) {
+  split(P, 4, 8, threads, [&](int64_t p0, int64_t p1, bool wide) {
+    if (wide)
+      dspark_native::avx512::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
+    else
+      dspark_native::avx2::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
+  });
+}
+
 // x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
 // packed_n outputs, else w is [N, K] as it is.
 class SkinnyLinear : public mx::UnaryPrimitive {
@@ -133,6 +144,55 @@ class SkinnyLinear : public mx::UnaryPrimitive {
   int64_t packed_n_;
 };
 
+// x @ w.T for MLX affine-quantized w held in quantized panels (qpanel.inc): inputs x, codes
+// [P, K * bits / 8, 16] uint8, scales and biases [P, K / G, 16] float16.
+class QuantizedPanelLinear : public mx::UnaryPrimitive {
+ public:
+  QuantizedPanelLinear(mx::Stream stream, int64_t n, int bits, int64_t group, int threads)
+      : mx::UnaryPrimitive(stream), n_(n), bits_(bits), group_(group), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (const auto& a : inputs)
+      if (!a.flags().row_contiguous) throw std::runtime_error("quantized_linear: inputs must be row-contiguous");
+    const mx::array &x = inputs[0], &qp = inputs[1], &sp = inputs[2], &bp = inputs[3];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    int64_t K = x.shape(-1), R = x.size() / K, P = qp.shape(0), N = n_, G = group_;
+    int bits = bits_, threads = threads_;
+    const float* xp = x.data<float>();
+    const uint8_t* codes = qp.data<uint8_t>();
+    const auto* scales = reinterpret_cast<const uint16_t*>(sp.data<mx::float16_t>());
+    const auto* biases = reinterpret_cast<const uint16_t*>(bp.data<mx::float16_t>());
+    float* op = out.data<float>();
+    encoder.dispatch([=]() { qpacked_gemm(xp, R, K, G, bits, codes, scales, biases, P, op, N, threads); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("quantized_linear runs on the CPU only");
+  }
+
+  const char* name() const override { return "QuantizedPanelLinear"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedPanelLinear&>(other);
+    return n_ == o.n_ && bits_ == o.bits_ && group_ == o.group_ && threads_ == o.threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = static_cast<int>(n_);
+    return {shape};
+  }
+
+ private:
+  int64_t n_;
+  int bits_;
+  int64_t group_;
+  int threads_;
+};
+
 mx::array skinny_linear(const mx::array& x, const mx::array& w, int threads) {
   if (x.dtype() != mx::float32 || w.dtype() != mx::float32)
     throw std::invalid_argument("skinny_linear: float32 only");
@@ -159,9 +219,32 @@ mx::array packed_linear(const mx::array& x, const mx::array& wp, int64_t n, int 
                    {mx::contiguous(x, false, s), mx::contiguous(wp, false, s)});
 }
 
+// x [..., K] @ w.T for w quantized (affine, `bits` 4 or 8, group size `group`) and packed by
+// pack_quantized: codes qp [P, K * bits / 8, 16] uint8, scales sp and biases bp [P, K / group, 16]
+// float16, holding n outputs (n <= 16 P).
+mx::array quantized_linear(const mx::array& x, const mx::array& qp, const mx::array& sp, const mx::array& bp,
+                           int64_t n, int bits, int64_t group, int threads) {
+  if (x.dtype() != mx::float32 || qp.dtype() != mx::uint8 || sp.dtype() != mx::float16 ||
+      bp.dtype() != mx::float16)
+    throw std::invalid_argument("quantized_linear: float32 x, uint8 codes, float16 scales and biases expected");
+  if (bits != 4 && bits != 8) throw std::invalid_argument("quantized_linear: 4 or 8 bits");
+  int64_t K = x.ndim() ? x.shape(-1) : 0;
+  if (x.ndim() < 1 || group < 2 || group % 2 || K % group || qp.ndim() != 3 || qp.shape(2) != 16 ||
+      qp.shape(1) != K * bits / 8 || sp.shape() != mx::Shape{qp.shape(0), static_cast<int>(K / group), 16} ||
+      bp.shape() != sp.shape() || n < 0 || n > 16 * static_cast<int64_t>(qp.shape(0)))
+    throw std::invalid_argument("quantized_linear: x [..., K], codes [P, K*bits/8, 16], scales and biases "
+                                "[P, K/group, 16] and n <= 16 P expected");
+  mx::Stream s = mx::to_stream(mx::Device::cpu);
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(n);
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedPanelLinear>(s, n, bits, group, threads),
+                   {mx::contiguous(x, false, s), mx::contiguous(qp, false, s), mx::contiguous(sp, false, s),
+                    mx::contiguous(bp, false, s)});
+}
+
 bool cpu_supported() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 }  // namespace
@@ -173,6 +256,10 @@ NB_MODULE(_native, m) {
   m.def("packed_linear", &packed_linear, "x"_a, "wp"_a, "n"_a, "threads"_a = 1,
         "x @ w.T for float32 x [..., K] and w packed in panels wp [P, K, 16] (engine.native.pack_panels) "
         "holding n outputs (CPU only).");
-  m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2 and FMA the kernel needs.");
+  m.def("quantized_linear", &quantized_linear, "x"_a, "qp"_a, "sp"_a, "bp"_a, "n"_a, "bits"_a, "group_size"_a,
+        "threads"_a = 1,
+        "x @ w.T for float32 x [..., K] and an MLX affine-quantized w (4 or 8 bits) packed by "
+        "engine.native.pack_quantized, holding n outputs (CPU only).");
+  m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2, FMA and F16C the kernel needs.");
   m.def("instruction_set", []() { return has_avx512() ? "avx512" : "avx2"; }, "The kernel build in use.");
 }

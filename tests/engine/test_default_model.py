@@ -95,7 +95,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DSPARK_DEFAULT_GGUF", str(gguf))
 
-    def dies(src, out_dir, progress=None):
+    def dies(src, out_dir, progress=None, precision="float32"):
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt
 

@@ -185,9 +185,9 @@ def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, default
             assert top[1] - top[0] <= 1e-4, (i, k, top)
 
 
-def test_native_is_opt_in_and_falls_back_with_a_line(ext, default_model_dir, monkeypatch, caplog):
-    """DSPARK_NATIVE=1 routes the loaded target; unset, nothing changes; asked for without the built
-    extension, MLX's path stays and one warning says why."""
+def test_native_is_opt_in_for_float32_and_falls_back_with_a_line(ext, default_model_dir, monkeypatch, caplog):
+    """For a float32 target: DSPARK_NATIVE=1 routes the loaded target; unset, nothing changes; asked
+    for without the built extension, MLX's path stays and one warning says why."""
     import logging
 
     import engine.native.linear as linear
@@ -205,11 +205,12 @@ def test_native_is_opt_in_and_falls_back_with_a_line(ext, default_model_dir, mon
     with caplog.at_level(logging.WARNING, logger="engine.loading.target"):
         assert packed_count(load_target(str(default_model_dir))[0]) == 0
     assert [r.getMessage() for r in caplog.records] == [
-        "DSPARK_NATIVE: keeping MLX's path: the native extension is not built (scripts/build_native.sh)"]
+        "native kernel: keeping MLX's path: the native extension is not built (scripts/build_native.sh)"]
 
 
 def test_doctor_reports_the_linear_path(ext):
-    """`dspark doctor` says which path the target's linears take, and that the kernel is opt-in."""
+    """`dspark doctor` says which path the target's linears take: by default MLX's for float32
+    products and the kernel for quantized ones."""
     import json
 
     def report(extra):
@@ -218,5 +219,137 @@ def test_doctor_reports_the_linear_path(ext):
         return json.loads(out.stdout)["native"]
 
     isa = ext.instruction_set()
-    assert report({"DSPARK_NATIVE": "0"}) == f"MLX's (the native kernel is opt-in: DSPARK_NATIVE=1; built ({isa}))"
+    assert report({"DSPARK_NATIVE": "0"}) == f"MLX's (DSPARK_NATIVE=0; the native kernel is built ({isa}))"
+    assert report({"DSPARK_NATIVE": ""}) == (f"MLX's for float32 products (DSPARK_NATIVE=1 routes them too), "
+                                             f"native panel kernel ({isa}) for quantized ones (--precision stored)")
     assert report({"DSPARK_NATIVE": "1"}) == f"native panel kernel ({isa}), DSPARK_NATIVE=1"
+
+
+# ---------------------------------------------------------------- quantized panels (qpanel.inc)
+
+QSHAPES = [(576, 576, 32), (192, 576, 32), (1536, 576, 32), (576, 1536, 32), (37, 64, 32), (129, 128, 64),
+           (8, 32, 32)]  # (N, K, group size)
+
+
+def _quantized(n: int, k: int, group: int, bits: int, seed: int):
+    """An MLX affine-quantized random weight with float16 scales and biases, as GGUF files store them."""
+    mx.random.seed(seed)
+    w, s, b = mx.quantize(mx.random.normal((n, k)) * 0.05, group_size=group, bits=bits)
+    return w, s.astype(mx.float16), b.astype(mx.float16)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16])
+def test_quantized_linear_equals_dequantize_and_matmul(ext, bits, rows):
+    """The quantized panel kernel on pack_quantized(...) against mx.dequantize (float32 arithmetic)
+    and mx.matmul: within 1e-5 relative for every shape (odd N pads the last panel, group 32 and
+    64), 1 or 2 threads."""
+    for n, k, group in QSHAPES:
+        w, s, b = _quantized(n, k, group, bits, seed=rows)
+        dense = mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=group, bits=bits)
+        qp, sp, bp = native.pack_quantized(w, s, b, bits, group)
+        assert qp.shape == ((n + 15) // 16, k * bits // 8, 16) and sp.shape == bp.shape == ((n + 15) // 16, k // group, 16)
+        x = mx.random.normal((1, rows, k))
+        want = x @ dense.T
+        for threads in (1, 2):
+            got = ext.quantized_linear(x, qp, sp, bp, n, bits, group, threads)
+            assert got.shape == want.shape and got.dtype == mx.float32
+            assert _rel_err(got, want) < 1e-5, (bits, rows, n, k, group, threads)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_rows_do_not_depend_on_the_row_count(ext, bits):
+    """As for the float32 panels: a row computed beside 8 others is bit-identical to it alone."""
+    w, s, b = _quantized(1536, 576, 32, bits, seed=5)
+    qp, sp, bp = native.pack_quantized(w, s, b, bits, 32)
+    x = mx.random.normal((1, 9, 576))
+    together = ext.quantized_linear(x, qp, sp, bp, 1536, bits, 32)
+    for r in range(9):
+        alone = ext.quantized_linear(x[:, r : r + 1], qp, sp, bp, 1536, bits, 32)
+        assert mx.array_equal(alone[0, 0], together[0, r]).item(), r
+
+
+def test_quantized_avx2_build(ext):
+    """The AVX2 build of the quantized kernel against mx.dequantize + matmul, both bit widths."""
+    code = ("import engine, mlx.core as mx, engine.native as n; e = n.load(); print(e.instruction_set())\n"
+            "for bits in (4, 8):\n"
+            "    mx.random.seed(bits); w, s, b = mx.quantize(mx.random.normal((129, 64)), group_size=32, bits=bits)\n"
+            "    s, b = s.astype(mx.float16), b.astype(mx.float16); q = n.pack_quantized(w, s, b, bits, 32)\n"
+            "    dense = mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=32, bits=bits)\n"
+            "    for r in (1, 3, 4, 7, 16):\n"
+            "        x = mx.random.normal((r, 64)); want = x @ dense.T\n"
+            "        d = mx.max(mx.abs(e.quantized_linear(x, *q, 129, bits, 32) - want)) / mx.max(mx.abs(want))\n"
+            "        assert d.item() < 1e-5, (bits, r, d.item())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, DSPARK_NATIVE_ISA="avx2"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "avx2"
+
+
+def test_bad_quantized_inputs_are_refused(ext):
+    """float32 scales, 3 bits, a group that does not divide K, or codes of the wrong size raise."""
+    w, s, b = _quantized(32, 64, 32, 4, seed=0)
+    qp, sp, bp = native.pack_quantized(w, s, b, 4, 32)
+    x = mx.zeros((1, 64))
+    for args in [(x, qp, sp.astype(mx.float32), bp, 32, 4, 32), (x, qp, sp, bp, 32, 3, 32),
+                 (x, qp, sp, bp, 32, 4, 48), (x, qp, sp, bp, 32, 8, 32), (x, qp, sp, bp, 33, 4, 32)]:
+        with pytest.raises(ValueError):
+            ext.quantized_linear(*args)
+
+
+@pytest.fixture(scope="module")
+def stored_smollm2(ext):
+    """The default model at its stored precision (4-bit linears, 8-bit tied embedding), loaded as
+    `--precision stored` loads it: every quantized product routed through the kernel."""
+    from engine.loading.target import load_target
+    from engine.native.linear import QuantizedPanelLinear
+
+    os.environ.pop("DSPARK_NATIVE", None)
+    model, tok, path = load_target(None, precision="stored")
+    assert path.name.endswith("-stored")
+    assert sum(isinstance(m, QuantizedPanelLinear) for _, m in model.named_modules()) == 30 * 7
+    assert not any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules())
+    return model, tok
+
+
+def test_stored_precision_is_lossless_across_modes(stored_smollm2):
+    """At stored precision, speculative rounds (a corrupted replay of the model's own greedy: mixed
+    acceptance, rejections, bonus tokens) and lookup drafting both give the model's plain greedy
+    token for token: verify rows through the kernel are bit-identical to decode rows."""
+    from engine.api import SpecStats
+    from engine.lookup import LookupDrafter
+    from engine.models.target import Target
+    from engine.sampling import SamplerSettings
+    from engine.samplers import make_sampler
+    from engine.scheduler import Scheduler
+    from engine.spec import DecodeOptions, SpecDecoder
+    from engine.text import apply_chat_template
+    from tests.engine import tiny
+    from tests.engine.references import plain_greedy
+    from tests.engine.smollm2_cases import QUESTIONS
+
+    model, tok = stored_smollm2
+    prompts = [apply_chat_template(tok, [{"role": "user", "content": q}]) for q in QUESTIONS[:2]]
+    prompts.append(apply_chat_template(tok, [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, "
+                                                                          "the cat sat on the mat, the cat sat"}]))
+    lookup_accepted = 0
+    for i, prompt in enumerate(prompts):
+        own = plain_greedy(model, prompt, 40)
+        target = Target(model, (2, 14, 26))
+        drafters = {"dspark": tiny.OracleDrafter(target, reference=prompt + own, corrupt_every=(3, 4, 7)[i], vocab=49152),
+                    "lookup": LookupDrafter()}
+        for mode, drafter in drafters.items():
+            opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), stop_ids=frozenset())
+            dec = SpecDecoder(target if mode == "dspark" else Target(model), drafter, Scheduler(4), opts,
+                              SpecStats(mode=mode, cap=4))
+            if mode == "dspark":
+                drafter.committed = dec.committed_view()
+            out = dec.prefill(prompt)
+            while len(out) < len(own):
+                out += dec.step(len(own) - len(out))
+            assert out[: len(own)] == own, (i, mode)
+            if mode == "dspark":
+                assert 0 < dec.stats.accepted_tokens < dec.stats.drafted_tokens
+            else:
+                lookup_accepted += dec.stats.accepted_tokens
+    assert lookup_accepted > 0  # the repeating prompt really was drafted from
