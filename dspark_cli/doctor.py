@@ -23,8 +23,19 @@ def collect() -> dict:
     info["mapped_blas"] = backend.mapped_blas_libraries()
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
     info["native"] = native_path()
+    info["precision"] = default_precision()
     info["warnings"] = warnings(info)
     return info
+
+
+def default_precision() -> str:
+    """Which weights the embedded default model is served with (`--precision auto`)."""
+    from engine.loading.target import resolve_precision
+
+    chosen = resolve_precision("auto")
+    why = ("its GGUF's 4/8-bit tensors, through the native kernel" if chosen == "stored"
+           else "dequantized once: without the native kernel, MLX's quantized products are the slower path here")
+    return f"{chosen} ({why}; --precision picks another)"
 
 
 def native_path() -> str:
@@ -81,6 +92,7 @@ def run(args) -> int:
         ("blas note", info["blas_reason"]),
         ("sgemm 1024^3 fp32", f"{info['sgemm_gflops']} GFLOP/s"),
         ("linear path", info["native"]),
+        ("default model", info["precision"]),
     ]
     for key, value in rows:
         print(f"{key:>18}: {value}")

@@ -25,9 +25,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
     p.add_argument("--model", default=env("DSPARK_MODEL"),
                    help="mlx-lm model directory or Hugging Face id; default: embedded SmolLM2-135M-Instruct [env DSPARK_MODEL]")
-    p.add_argument("--precision", choices=["float32", "stored"], default=env("DSPARK_PRECISION", "float32"),
-                   help="the embedded default model's weights: float32, or the 4/8-bit tensors its GGUF stores, "
-                        "multiplied by the native kernel where it is built (docs/native.md) [env DSPARK_PRECISION]")
+    p.add_argument("--precision", choices=["auto", "float32", "stored"], default=env("DSPARK_PRECISION", "auto"),
+                   help="the embedded default model's weights: the 4/8-bit tensors its GGUF stores (stored), or "
+                        "float32; auto: stored where the native kernel (docs/native.md) or a GPU multiplies them "
+                        "fast, else float32 [env DSPARK_PRECISION]")
     p.add_argument("--drafter", default=env("DSPARK_DRAFTER"),
                    help="drafter directory or Hugging Face id; default: the shipped/published one [env DSPARK_DRAFTER]")
     p.add_argument("--mode", choices=["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"],

@@ -29,8 +29,9 @@ from typing import Literal
 Mode = Literal["dspark", "dflash", "lookup", "hybrid", "auto", "baseline"]
 DrafterKind = Literal["dspark", "dflash", "lookup", "dspark+lookup", "dflash+lookup"]
 SamplerName = Literal["rejection", "seed-stable"]
-# The embedded default model's weights: float32 (dequantized once) or its GGUF's own 4/8-bit tensors.
-Precision = Literal["float32", "stored"]
+# The embedded default model's weights: float32 (dequantized once), its GGUF's own 4/8-bit tensors,
+# or auto: stored where quantized products are fast (engine/loading/target.py, resolve_precision).
+Precision = Literal["auto", "float32", "stored"]
 WorkerState = Literal["loading", "ready", "dead"]
 FinishReason = Literal["stop", "length"]
 
@@ -121,7 +122,7 @@ class EngineConfig:
 
     model: str | None = None  # mlx-lm directory or HF id; None: the embedded default
     # The embedded default's weights (other models are served as their directories store them).
-    precision: Precision = "float32"
+    precision: Precision = "auto"
     spec: SpecConfig = SpecConfig()
     max_queue: int = 16  # requests waiting beyond the running one; more are refused (overloaded)
     # Bytes of finished requests' caches kept for later prompts that share their prefix

@@ -108,4 +108,4 @@ install_node_client
 install_browser
 build_native
 say "preparing the default model (once; cached in ${DSPARK_CACHE:-~/.cache/dspark-serve})"
-"$VENV/bin/dspark" prepare >/dev/null
+"$VENV/bin/dspark" prepare >/dev/null  # the precision `dspark serve` loads here (--precision auto)

@@ -14,13 +14,25 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def default_model_dir():
-    """The converted SmolLM2-135M-Instruct directory (prepared by the test command's bootstrap)."""
+    """The converted SmolLM2-135M-Instruct directory `dspark serve` loads here (--precision auto:
+    its stored 4/8-bit tensors where the native kernel multiplies them, else float32), prepared by
+    the test command's bootstrap."""
     from engine.loading.default_model import default_model_dir, is_prepared
+    from engine.loading.target import resolve_precision
 
-    path = default_model_dir()
+    path = default_model_dir(resolve_precision("auto"))
     if not is_prepared(path):
         pytest.fail(f"default model not prepared at {path}: run `dspark prepare` (`make test` does it)")
     return path
+
+
+@pytest.fixture(scope="session")
+def float32_model_dir():
+    """The default model converted to float32, for tests about that conversion and MLX's float32
+    path (converted here once if the bootstrap prepared the stored one only)."""
+    from engine.loading.default_model import ensure_default_model
+
+    return ensure_default_model(precision="float32")
 
 
 @pytest.fixture(scope="session")

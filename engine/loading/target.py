@@ -11,7 +11,8 @@ import mlx.nn as nn
 from engine.loading.default_model import ensure_default_model
 from engine.loading.gguf import ProgressFn
 from engine.loading.hub import HubUnavailableError, download, looks_like_hf_id
-from engine.native.linear import use_native
+from engine import native
+from engine.native.linear import requested, use_native
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,22 @@ class ModelNotFoundError(ValueError):
     """The model spec is neither a local directory nor a reachable Hugging Face repository."""
 
 
-def resolve_model_path(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32") -> Path:
+def resolve_precision(precision: str = "auto") -> str:
+    """The embedded default's precision for `precision`: auto is "stored" where quantized products
+    are fast (a GPU, or the CPU with the native kernel routing them), else "float32": on the CPU,
+    MLX's own quantized matmul is slower than its float32 path (docs/native.md)."""
+    if precision != "auto":
+        return precision
+    if mx.default_device() != mx.cpu:
+        return "stored"
+    return "stored" if requested() is not False and native.load() is not None else "float32"
+
+
+def resolve_model_path(spec: str | None, progress: ProgressFn | None = None, precision: str = "auto") -> Path:
     """Directory of the model: None -> the embedded default (converted at `precision`), a local
     path, or a HF id download."""
     if spec is None or spec in ("", "default"):
-        return ensure_default_model(progress, precision)
+        return ensure_default_model(progress, resolve_precision(precision))
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -53,14 +65,14 @@ def prefer_float32_on_cpu(model: nn.Module) -> None:
         model.set_dtype(mx.float32)
 
 
-def load_target(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32"):
+def load_target(spec: str | None, progress: ProgressFn | None = None, precision: str = "auto"):
     """Load (model, tokenizer, path) for `spec`, float32 on the CPU: through mlx-lm, or for a
     vision-language model through mlx-vlm (its language model; the vision half is dropped).
     `precision` picks the embedded default's weights (EngineConfig.precision)."""
     return load_target_with_vision(spec, progress, precision)[:3]
 
 
-def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None, precision: str = "float32"):
+def load_target_with_vision(spec: str | None, progress: ProgressFn | None = None, precision: str = "auto"):
     """(model, tokenizer, path, Vision or None): `load_target` plus the image half of an mlx-vlm model."""
     from engine.loading.vlm import is_vlm_dir, load_vlm
 

@@ -1,9 +1,9 @@
 """Cached reference decodes of the default model, for tests that compare against plain greedy.
 
 mlx-lm's one-token-at-a-time greedy decode is the slowest part of the SmolLM2 equivalence test and
-its output depends only on the weights, the prompt, MLX and the BLAS. It is computed once and kept
-in the model cache (`DSPARK_CACHE`), keyed by the weight file's sha256, the MLX version and the
-BLAS, so a new MLX, BLAS or model recomputes it.
+its output depends only on the weights, the prompt, MLX, the BLAS and the kernels the linears run
+on. It is computed once and kept in the model cache (`DSPARK_CACHE`), keyed by the weight file's
+sha256, the MLX version, the BLAS and those kernels, so a new MLX, BLAS, kernel or model recomputes it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from mlx_lm.generate import generate_step
 
 from engine.backend import STATE as BLAS
 from engine.loading.default_model import cache_root, sha256_file
+from engine.native.linear import PackedLinear, QuantizedPanelLinear
 
 
 @functools.cache
@@ -31,9 +32,17 @@ def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
     return [int(token) for token, _ in generate_step(mx.array(prompt), model, max_tokens=n, sampler=argmax)]
 
 
+def _products(model) -> str:
+    """Which kernels the model's linears run on (their numbers differ): the native panels', or MLX's."""
+    kinds = sorted({type(m).__name__ for _, m in model.named_modules() if isinstance(m, (PackedLinear, QuantizedPanelLinear))})
+    return "+".join(kinds) or "mlx"
+
+
 def cached_plain_greedy(model_dir: Path, model, prompt: list[int], n: int) -> list[int]:
-    """`plain_greedy`, read from the cache when this model, MLX, BLAS, prompt and n were decoded before."""
-    parts = [_weights_sha256(str(model_dir)), mx.__version__, BLAS.name, json.dumps(prompt), str(n), "greedy-v1"]
+    """`plain_greedy`, read from the cache when this model, MLX, BLAS, linear kernels, prompt and n
+    were decoded before."""
+    parts = [_weights_sha256(str(model_dir)), mx.__version__, BLAS.name, _products(model), json.dumps(prompt), str(n),
+             "greedy-v1"]
     path = cache_root() / "test-references" / f"{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:24]}.json"
     if path.exists():
         return json.loads(path.read_text())

@@ -64,9 +64,15 @@ def test_greedy_answers_paris(default_target):
 
 def test_perplexity_on_python_docs(default_target):
     """Perplexity on a fixed Python-docs excerpt stays below the measured bound."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     model, tok = default_target
     ids = mx.array(tok.encode((DATA / "python_docs_controlflow.txt").read_text()))[None]
-    logits = model(ids[:, :-1])
+    # In chunks through a KV cache, as the engine prefills: the same logits, while one forward of
+    # the whole excerpt (about 1,000 tokens) spends seconds more in MLX's CPU attention.
+    cache = make_prompt_cache(model)
+    logits = mx.concatenate([model(ids[:, i : i + 256], cache=cache) for i in range(0, ids.shape[1] - 1, 256)], axis=1)
+    logits = logits[:, : ids.shape[1] - 1]
     ppl = math.exp(nn.losses.cross_entropy(logits[0], ids[0, 1:]).mean().item())
     assert 3.0 < ppl < PERPLEXITY_BOUND, ppl
 
@@ -107,7 +113,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     assert list(models.iterdir()) == []
 
 
-def test_fresh_conversion_matches_prepared(tmp_path, monkeypatch, default_model_dir):
+def test_fresh_conversion_matches_prepared(tmp_path, monkeypatch, float32_model_dir):
     """Converting from scratch into an empty cache reproduces the prepared model's files."""
     gguf = _real_gguf()  # before DSPARK_CACHE points elsewhere
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
@@ -116,7 +122,7 @@ def test_fresh_conversion_matches_prepared(tmp_path, monkeypatch, default_model_
     out = dm.ensure_default_model(lines.append)
     assert dm.is_prepared(out) and any("converted" in line for line in lines)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        assert (out / name).read_text() == (default_model_dir / name).read_text()
-    assert dm.sha256_file(out / "model.safetensors") == dm.sha256_file(default_model_dir / "model.safetensors")
+        assert (out / name).read_text() == (float32_model_dir / name).read_text()
+    assert dm.sha256_file(out / "model.safetensors") == dm.sha256_file(float32_model_dir / "model.safetensors")
     assert dm.ensure_default_model() == out  # second call is a no-op
     shutil.rmtree(tmp_path / "cache")

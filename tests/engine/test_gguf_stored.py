@@ -59,9 +59,9 @@ def stored_model(stored_dir):
 
 
 @pytest.fixture(scope="module")
-def float32_weights(default_model_dir):
+def float32_weights(float32_model_dir):
     """The prepared float32 default model's weights, by mlx-lm name."""
-    return mx.load(str(default_model_dir / "model.safetensors"))
+    return mx.load(str(float32_model_dir / "model.safetensors"))
 
 
 def _dequantize(module) -> mx.array:
@@ -138,11 +138,11 @@ def test_attn_q_comparison_needs_the_unpermutation(gguf_path, float32_weights, m
     assert not mx.array_equal(stored_q(gguf.convert_weights(qk, config, precision="stored")), expected).item()
 
 
-def test_forward_matches_float32_model(stored_model, default_model_dir):
+def test_forward_matches_float32_model(stored_model, float32_model_dir):
     """(d) 8 tokens through both models: the same greedy token at every position, logits within
     the measured float16 bound."""
     model, tok = stored_model
-    reference, _ = load(str(default_model_dir))
+    reference, _ = load(str(float32_model_dir))
     ids = mx.array(tok.encode(PROMPT)[:8])[None]  # [1, 8]
     stored_logits = model(ids).astype(mx.float32)  # [1, 8, vocab]
     float32_logits = reference(ids)  # [1, 8, vocab]

@@ -135,12 +135,12 @@ def test_fallback_when_not_built(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def routed_smollm2(ext, default_model_dir):
-    """A fresh copy of the default model (not the session's shared one) with its linears routed."""
+def routed_smollm2(ext, float32_model_dir):
+    """A fresh copy of the default model in float32 with its linears routed."""
     from engine.loading.target import load_target
     from engine.native.linear import PackedLinear, route_linears
 
-    model, tok, _ = load_target(str(default_model_dir))
+    model, tok, _ = load_target(str(float32_model_dir))
     count = route_linears(model, ext)
     assert count == 30 * 7 + 1  # every projection of the 30 layers and the tied head
     assert not any(isinstance(m, nn.Linear) for _, m in model.named_modules())
@@ -148,7 +148,16 @@ def routed_smollm2(ext, default_model_dir):
     return model, tok
 
 
-def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, default_target, default_model_dir):
+@pytest.fixture(scope="module")
+def float32_smollm2(float32_model_dir):
+    """The default model in float32 on MLX's own path (DSPARK_NATIVE unset routes no float32 product)."""
+    from engine.loading.target import load_target
+
+    os.environ.pop("DSPARK_NATIVE", None)
+    return load_target(str(float32_model_dir))[0]
+
+
+def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, float32_smollm2, float32_model_dir):
     """With every product through the panel kernel, speculative greedy equals the routed model's own
     plain greedy token for token (verify rows are bit-identical to decode rows, so no tie slack), and
     the routed model's greedy equals mlx-lm's on MLX's path up to measured near-ties."""
@@ -164,7 +173,7 @@ def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, default
     from tests.engine.smollm2_cases import QUESTIONS
 
     model, tok = routed_smollm2
-    mlx_model = default_target[0]
+    mlx_model = float32_smollm2
     target = Target(model, (2, 14, 26))
     for i, question in enumerate(QUESTIONS[:2]):
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
@@ -178,14 +187,14 @@ def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, default
             out += dec.step(len(own) - len(out))
         assert out[: len(own)] == own, i
         assert 0 < dec.stats.accepted_tokens < dec.stats.drafted_tokens
-        reference = cached_plain_greedy(default_model_dir, mlx_model, prompt, 128)[: len(own)]
+        reference = cached_plain_greedy(float32_model_dir, mlx_model, prompt, 128)[: len(own)]
         k = next((j for j, (a, b) in enumerate(zip(reference, own)) if a != b), None)
         if k is not None:  # only where MLX's own top two logits nearly tie
             top = mx.sort(mlx_model(mx.array([prompt + reference[:k]]))[0, -1])[-2:].tolist()
             assert top[1] - top[0] <= 1e-4, (i, k, top)
 
 
-def test_native_is_opt_in_for_float32_and_falls_back_with_a_line(ext, default_model_dir, monkeypatch, caplog):
+def test_native_is_opt_in_for_float32_and_falls_back_with_a_line(ext, float32_model_dir, monkeypatch, caplog):
     """For a float32 target: DSPARK_NATIVE=1 routes the loaded target; unset, nothing changes; asked
     for without the built extension, MLX's path stays and one warning says why."""
     import logging
@@ -197,32 +206,34 @@ def test_native_is_opt_in_for_float32_and_falls_back_with_a_line(ext, default_mo
         return sum(isinstance(m, linear.PackedLinear) for _, m in model.named_modules())
 
     monkeypatch.delenv("DSPARK_NATIVE", raising=False)
-    assert packed_count(load_target(str(default_model_dir))[0]) == 0
+    assert packed_count(load_target(str(float32_model_dir))[0]) == 0
     monkeypatch.setenv("DSPARK_NATIVE", "1")
-    assert packed_count(load_target(str(default_model_dir))[0]) == 210
+    assert packed_count(load_target(str(float32_model_dir))[0]) == 210
     monkeypatch.setattr(native, "load", lambda: None)
     monkeypatch.setattr(native, "REASON", "the native extension is not built (scripts/build_native.sh)")
     with caplog.at_level(logging.WARNING, logger="engine.loading.target"):
-        assert packed_count(load_target(str(default_model_dir))[0]) == 0
+        assert packed_count(load_target(str(float32_model_dir))[0]) == 0
     assert [r.getMessage() for r in caplog.records] == [
         "native kernel: keeping MLX's path: the native extension is not built (scripts/build_native.sh)"]
 
 
 def test_doctor_reports_the_linear_path(ext):
-    """`dspark doctor` says which path the target's linears take: by default MLX's for float32
-    products and the kernel for quantized ones."""
+    """`dspark doctor` says which path the target's linears take (by default MLX's for float32
+    products and the kernel for quantized ones) and which precision the default model gets."""
     import json
 
     def report(extra):
         out = subprocess.run([sys.executable, "-m", "dspark_cli.main", "doctor", "--json"], capture_output=True,
                              text=True, check=True, cwd=ROOT, env={**os.environ, **extra})
-        return json.loads(out.stdout)["native"]
+        info = json.loads(out.stdout)
+        return info["native"], info["precision"].split(" (")[0]
 
     isa = ext.instruction_set()
-    assert report({"DSPARK_NATIVE": "0"}) == f"MLX's (DSPARK_NATIVE=0; the native kernel is built ({isa}))"
+    assert report({"DSPARK_NATIVE": "0"}) == (f"MLX's (DSPARK_NATIVE=0; the native kernel is built ({isa}))", "float32")
     assert report({"DSPARK_NATIVE": ""}) == (f"MLX's for float32 products (DSPARK_NATIVE=1 routes them too), "
-                                             f"native panel kernel ({isa}) for quantized ones (--precision stored)")
-    assert report({"DSPARK_NATIVE": "1"}) == f"native panel kernel ({isa}), DSPARK_NATIVE=1"
+                                             f"native panel kernel ({isa}) for quantized ones (--precision stored)",
+                                             "stored")
+    assert report({"DSPARK_NATIVE": "1"}) == (f"native panel kernel ({isa}), DSPARK_NATIVE=1", "stored")
 
 
 # ---------------------------------------------------------------- quantized panels (qpanel.inc)

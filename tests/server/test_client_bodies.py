@@ -136,7 +136,11 @@ def test_streamed_logprobs_equal_the_reply(served):
                 for item in c["logprobs"]["content"]]
     expected = whole["choices"][0]["logprobs"]["content"]
     assert [s["token"] for s in streamed] == [e["token"] for e in expected]
-    assert [s["logprob"] for s in streamed] == pytest.approx([e["logprob"] for e in expected], abs=1e-5)
+    # The second request finds the prompt's prefix in the prefix cache and prefills only the rest, so
+    # its first token's logits come from a shorter chunk whose float32 attention sums in another
+    # order (measured: 1.3e-5 at -2.07 on the stored-precision default model); the plumbing under
+    # test would be off by whole units.
+    assert [s["logprob"] for s in streamed] == pytest.approx([e["logprob"] for e in expected], rel=1e-4, abs=1e-5)
 
 
 def test_completion_logprobs(served):
