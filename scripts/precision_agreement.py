@@ -1,0 +1,48 @@
+"""Greedy text of the default model at stored precision against the float32 path (issue 25,
+"agreement with float32"): over the greedy-equivalence prompts (tests/engine/smollm2_cases.py),
+128 tokens each, where the two first part and each model's top-2 logit margin there.
+
+Run from the repository root: `PYTHONPATH=. .venv/bin/python scripts/precision_agreement.py`
+(both conversions are prepared on first use; the decodes are cached like the tests' references).
+"""
+
+from __future__ import annotations
+
+import engine  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+
+from engine.loading.default_model import ensure_default_model
+from engine.loading.target import load_target
+from engine.text import apply_chat_template
+from tests.engine.references import cached_plain_greedy
+from tests.engine.smollm2_cases import QUESTIONS
+
+TOKENS = 128
+
+
+def top2_margin(model, ids: list[int]) -> float:
+    """The gap between the two largest next-token logits after `ids`."""
+    top = mx.sort(model(mx.array([ids]))[0, -1])[-2:].tolist()
+    return top[1] - top[0]
+
+
+def main() -> None:
+    dirs = {p: ensure_default_model(precision=p) for p in ("float32", "stored")}
+    models = {p: load_target(str(d))[0] for p, d in dirs.items()}
+    tok = load_target(str(dirs["float32"]))[1]
+    parted = 0
+    for i, question in enumerate(QUESTIONS):
+        prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
+        a, b = (cached_plain_greedy(dirs[p], models[p], prompt, TOKENS) for p in ("float32", "stored"))
+        k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is None:
+            continue
+        parted += 1
+        ids = prompt + a[:k]
+        print(f"prompt {i}: parts at token {k}; top-2 margin float32 {top2_margin(models['float32'], ids):.5f}, "
+              f"stored {top2_margin(models['stored'], ids):.5f}")
+    print(f"identical greedy text on {len(QUESTIONS) - parted} of {len(QUESTIONS)} prompts ({TOKENS} tokens each)")
+
+
+if __name__ == "__main__":
+    main()
