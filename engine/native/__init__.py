@@ -1,6 +1,7 @@
 """Native CPU kernels built as an MLX extension (docs/native.md): the target's linears at the
-bandwidth limit, used with DSPARK_NATIVE=1 (engine/native/linear.py). `scripts/build_native.sh`
-builds it; `scripts/bootstrap.sh` does so when `build_is_current()` says the build is stale.
+bandwidth limit, quantized ones by default and float32 ones with DSPARK_NATIVE=1
+(engine/native/linear.py). `scripts/build_native.sh` builds it; `scripts/bootstrap.sh` does so
+when `build_is_current()` says the build is stale.
 
 `load()` returns the extension module, or None with the reason in `REASON` (not built, built for
 another MLX or nanobind ABI, or a CPU without AVX2, FMA and F16C), so callers can fall back cleanly.

@@ -1,11 +1,13 @@
-"""The target's linear layers through the native panel kernels (docs/native.md), opt-in.
+"""The target's linear layers through the native panel kernels (docs/native.md).
 
-`DSPARK_NATIVE=1` routes every bias-free float32 `nn.Linear` of an mlx-lm target through
-`packed_linear`, every bias-free affine 4- or 8-bit `nn.QuantizedLinear` through `quantized_linear`,
-and a tied embedding's output product through the one that fits, when the extension is built and
-this CPU has AVX2, FMA and F16C; otherwise the target keeps MLX's path and one line says why. The
-weights are packed once at load and the unpacked copy is dropped (a tied embedding keeps its table
-for the lookups, so its packed head is the one extra copy).
+On the CPU, when the extension is built and this CPU has AVX2, FMA and F16C, every bias-free
+affine 4- or 8-bit `nn.QuantizedLinear` of an mlx-lm target goes through `quantized_linear` (MLX's
+own CPU quantized matmul is several times slower), and with `DSPARK_NATIVE=1` every bias-free
+float32 `nn.Linear` goes through `packed_linear` too (opt-in); a tied embedding's output product
+goes through the one that fits. `DSPARK_NATIVE=0` routes nothing. Where the kernel cannot run, the
+target keeps MLX's path and one line says why. The weights are packed once at load and the
+unpacked copy is dropped (a tied embedding keeps its table for the lookups, so its packed head is
+the one extra copy).
 """
 
 from __future__ import annotations

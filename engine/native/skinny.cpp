@@ -5,7 +5,9 @@
 // long at 8 rows as at 1. This kernel streams each weight row once from memory and, while it is
 // in L1, multiplies it with every row of x.
 //
-// The kernel itself is kernel.inc, built for AVX2 and for AVX-512 and chosen at run time.
+// The kernels are kernel.inc (skinny_linear), panel.inc (packed_linear: float32 weights repacked in
+// panels) and qpanel.inc (quantized_linear: MLX's affine 4- and 8-bit weights in panels), each built
+// for AVX2 and for AVX-512 and chosen at run time.
 //
 // Layout: x [R, K] row-contiguous (R = the product of x's leading dimensions), w [N, K] with unit
 // column stride (an mlx.nn.Linear weight), out [R, N] row-major.

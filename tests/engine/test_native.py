@@ -95,6 +95,14 @@ def test_packed_rows_do_not_depend_on_the_row_count(ext):
         assert mx.array_equal(alone[0, 0], together[0, r]).item(), r
 
 
+def run_under_avx2(code: str) -> None:
+    """Run `code` (which prints the instruction set, then asserts) in a child forced onto the AVX2 build."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, DSPARK_NATIVE_ISA="avx2"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "avx2"
+
+
 def test_packed_avx2_build(ext):
     """The AVX2 build of the panel kernel (chosen on CPUs without AVX-512) against mx.matmul."""
     code = ("import engine, mlx.core as mx, engine.native as n; e = n.load(); print(e.instruction_set()); "
@@ -102,10 +110,7 @@ def test_packed_avx2_build(ext):
             "for r in (1, 3, 4, 7, 16):\n"
             "    x = mx.random.normal((1, r, 33)); d = mx.max(mx.abs(e.packed_linear(x, wp, 129) - x @ w.T))\n"
             "    assert d.item() < 1e-4, (r, d.item())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, DSPARK_NATIVE_ISA="avx2"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "avx2"
+    run_under_avx2(code)
 
 
 def test_bad_inputs_are_refused(ext):
@@ -291,10 +296,7 @@ def test_quantized_avx2_build(ext):
             "        x = mx.random.normal((r, 64)); want = x @ dense.T\n"
             "        d = mx.max(mx.abs(e.quantized_linear(x, *q, 129, bits, 32) - want)) / mx.max(mx.abs(want))\n"
             "        assert d.item() < 1e-5, (bits, r, d.item())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, DSPARK_NATIVE_ISA="avx2"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "avx2"
+    run_under_avx2(code)
 
 
 def test_bad_quantized_inputs_are_refused(ext):
