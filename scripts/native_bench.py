@@ -62,7 +62,7 @@ class DotLinear(nn.Module):
 
 
 def forward_table(ext, threads: int) -> None:
-    model = load_target(None)[0]
+    model = load_target(None, precision="float32")[0]
 
     def median(rows, reps=12):
         times = []
@@ -77,7 +77,7 @@ def forward_table(ext, threads: int) -> None:
     widths = (1, 2, 4, 8)
     results = {"mlx": {r: median(r) for r in widths}}
     for name, make in (("native dot", DotLinear), ("native packed", PackedLinear)):
-        model = load_target(None)[0]  # a fresh copy: `median` times whichever `model` is current
+        model = load_target(None, precision="float32")[0]  # a fresh copy: `median` times whichever `model` is current
         route_linears(model, ext, make)
         with backend.blas_threads(threads):  # the routed kernels run at the BLAS's thread count, as served
             results[name] = {r: median(r) for r in widths}
@@ -92,8 +92,8 @@ def decode_table(ext, tokens: int = 64, reps: int = 3) -> None:
     through the panel kernel (engine.native.linear, as DSPARK_NATIVE=1 does), interleaved."""
     from mlx_lm.generate import generate_step
 
-    mlx_model, tok = load_target(None)[:2]
-    routed = load_target(None)[0]
+    mlx_model, tok = load_target(None, precision="float32")[:2]
+    routed = load_target(None, precision="float32")[0]
     route_linears(routed, ext)
     prompt = mx.array(tok.apply_chat_template([{"role": "user", "content": "Explain how a hash map works."}],
                                               add_generation_prompt=True))

@@ -152,7 +152,9 @@ class Target:
     @property
     def vocab_size(self) -> int:
         """Rows of the output distribution."""
-        return int(self.embedding.weight.shape[0])
+        emb = self.embedding
+        rows = getattr(emb, "num_embeddings", None)  # an embedding held as panels has no weight matrix
+        return int(rows if rows is not None else emb.weight.shape[0])
 
     @property
     def embedding(self) -> nn.Module:

@@ -56,6 +56,31 @@ class QuantizedPanelLinear(nn.Module):
                                           self.bits, self.group_size, threads)
 
 
+class QuantizedPanelEmbedding(nn.Module):
+    """A tied affine-quantized embedding held only as quantized panels (`QuantizedPanelLinear`):
+    lookups gather and dequantize their rows from the panels, and `as_linear` is the panel product,
+    so the table is not kept twice (the 8-bit SmolLM2 table is about 32 MB)."""
+
+    def __init__(self, embed: nn.Module, ext) -> None:
+        super().__init__()
+        self.head = QuantizedPanelLinear(embed, ext)
+        self.dims = embed.weight.shape[1] * 32 // embed.bits  # K
+        self.num_embeddings = self.head.out_features
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        head = self.head
+        panel, lane = ids // native.PANEL, ids % native.PANEL
+        codes = head.codes[panel, :, lane]  # [..., K * bits / 8] uint8
+        if head.bits == 4:  # two k a byte, the lower k in the low nibble
+            codes = mx.stack([codes & 15, codes >> 4], axis=-1).reshape(*ids.shape, self.dims)
+        scales = mx.repeat(head.scales[panel, :, lane].astype(mx.float32), head.group_size, axis=-1)  # [..., K]
+        biases = mx.repeat(head.biases[panel, :, lane].astype(mx.float32), head.group_size, axis=-1)
+        return codes.astype(mx.float32) * scales + biases  # [..., K]
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self.head(x)
+
+
 def requested() -> bool | None:
     """What DSPARK_NATIVE asks for: True (1, on, true, yes: every product the kernels take), False
     (0, off, false, no: none), None (unset or anything else: the quantized products only)."""
@@ -75,13 +100,12 @@ def route_linears(model: nn.Module, ext, make: Callable[[mx.array, object], nn.M
     inner = getattr(model, "model", None)
     embed = getattr(inner, "embed_tokens", None)
     if getattr(model, "lm_head", None) is None and embed is not None:
-        head = None
         if isinstance(embed, nn.Embedding) and embed.weight.dtype == mx.float32 and not quantized_only:
             head = make(embed.weight, ext)
-        elif _packable_quantized(embed, nn.QuantizedEmbedding):
-            head = QuantizedPanelLinear(embed, ext)
-        if head is not None:
             embed.as_linear = lambda x: head(x)  # a function, so the embedding gains no child module
+            routed += 1
+        elif _packable_quantized(embed, nn.QuantizedEmbedding):
+            inner.embed_tokens = QuantizedPanelEmbedding(embed, ext)  # the table's one copy
             routed += 1
     mx.eval(model.parameters())
     return routed

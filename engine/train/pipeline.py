@@ -75,7 +75,9 @@ def run(cfg: TrainConfig, data: DataConfig, model_spec: str | None, *, resume: b
     from engine.loading.target import load_target
 
     bar = ProgressBar(cfg.steps, stream)
-    model, tokenizer, path = load_target(model_spec, bar.message)
+    # Float32, whatever `serve` picks: the feature caches, recipes and gates so far were made on it,
+    # and the frozen embedding and head copied into the drafter need the table as floats.
+    model, tokenizer, path = load_target(model_spec, bar.message, precision="float32")
     return run_with_model(cfg, data, model, tokenizer, str(path), resume=resume, stop_after=stop_after, bar=bar,
                           extract_only=extract_only)
 

@@ -313,16 +313,33 @@ def test_bad_quantized_inputs_are_refused(ext):
 @pytest.fixture(scope="module")
 def stored_smollm2(ext):
     """The default model at its stored precision (4-bit linears, 8-bit tied embedding), loaded as
-    `--precision stored` loads it: every quantized product routed through the kernel."""
+    `--precision stored` loads it: every quantized product routed through the kernel, the tied
+    table kept once (as the head's panels), and its weights within issue 25's 130 MB."""
+    from mlx.utils import tree_flatten
+
     from engine.loading.target import load_target
-    from engine.native.linear import QuantizedPanelLinear
+    from engine.native.linear import QuantizedPanelEmbedding, QuantizedPanelLinear
 
     os.environ.pop("DSPARK_NATIVE", None)
     model, tok, path = load_target(None, precision="stored")
     assert path.name.endswith("-stored")
-    assert sum(isinstance(m, QuantizedPanelLinear) for _, m in model.named_modules()) == 30 * 7
-    assert not any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules())
+    assert sum(isinstance(m, QuantizedPanelLinear) for _, m in model.named_modules()) == 30 * 7 + 1
+    assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+    assert isinstance(model.model.embed_tokens, QuantizedPanelEmbedding)
+    assert sum(a.nbytes for _, a in tree_flatten(model.parameters())) <= 130e6
     return model, tok
+
+
+def test_panel_embedding_rows_equal_mlx_lookups(stored_smollm2, monkeypatch):
+    """Rows gathered from the tied head's panels equal MLX's own quantized-embedding lookups, for ids
+    at panel edges and the last id."""
+    from engine.loading.default_model import default_model_dir
+    from engine.loading.target import load_target
+
+    monkeypatch.setenv("DSPARK_NATIVE", "0")  # MLX's QuantizedEmbedding, unrouted
+    plain = load_target(str(default_model_dir("stored")))[0]
+    ids = mx.array([[0, 1, 15, 16, 17, 31, 32, 12345, 49151]])
+    assert mx.array_equal(stored_smollm2[0].model.embed_tokens(ids), plain.model.embed_tokens(ids)).item()
 
 
 def test_stored_precision_is_lossless_across_modes(stored_smollm2):
