@@ -90,3 +90,17 @@ def pack_quantized(w: mx.array, scales: mx.array, biases: mx.array, bits: int, g
         return mx.contiguous(a.reshape(-1, PANEL, a.shape[1]).transpose(0, 2, 1))
 
     return panels(codes), panels(scales.astype(mx.float16)), panels(biases.astype(mx.float16))
+
+
+def quantized_rows(codes: mx.array, scales: mx.array, biases: mx.array, bits: int, group_size: int,
+                   ids: mx.array) -> mx.array:
+    """Rows `ids` [...] of the weight that `pack_quantized` packed, dequantized: [..., K] float32
+    (w = s * q + b; the inverse of its layout, for an embedding held only as panels)."""
+    panel, lane = ids // PANEL, ids % PANEL
+    q = codes[panel, :, lane]  # [..., K * bits / 8] uint8
+    if bits == 4:  # two k a byte, the lower k in the low nibble
+        q = mx.stack([q & 15, q >> 4], axis=-1)
+    s = scales[panel, :, lane].astype(mx.float32)[..., None]  # [..., K / group_size, 1]
+    b = biases[panel, :, lane].astype(mx.float32)[..., None]
+    w = q.reshape(*s.shape[:-1], group_size).astype(mx.float32) * s + b  # [..., K / group_size, group_size]
+    return w.reshape(*ids.shape, -1)

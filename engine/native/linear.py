@@ -6,8 +6,8 @@ own CPU quantized matmul is several times slower), and with `DSPARK_NATIVE=1` ev
 float32 `nn.Linear` goes through `packed_linear` too (opt-in); a tied embedding's output product
 goes through the one that fits. `DSPARK_NATIVE=0` routes nothing. Where the kernel cannot run, the
 target keeps MLX's path and one line says why. The weights are packed once at load and the
-unpacked copy is dropped (a tied embedding keeps its table for the lookups, so its packed head is
-the one extra copy).
+unpacked copy is dropped (a tied float32 embedding keeps its table for the lookups, so its packed
+head is the one extra copy; a tied quantized one is held only as panels).
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ class PackedLinear(nn.Module):
         self._ext = ext
 
     def __call__(self, x: mx.array) -> mx.array:
-        # The kernel's threads follow the BLAS's: the engine sets those per phase (decode rounds
-        # may run at one thread, engine/costs.py).
-        threads = backend.current_blas_threads() or 1
-        return self._ext.packed_linear(x, self.packed, self.out_features, threads)
+        return self._ext.packed_linear(x, self.packed, self.out_features, _threads())
 
 
 class QuantizedPanelLinear(nn.Module):
@@ -51,9 +48,8 @@ class QuantizedPanelLinear(nn.Module):
         self._ext = ext
 
     def __call__(self, x: mx.array) -> mx.array:
-        threads = backend.current_blas_threads() or 1
         return self._ext.quantized_linear(x, self.codes, self.scales, self.biases, self.out_features,
-                                          self.bits, self.group_size, threads)
+                                          self.bits, self.group_size, _threads())
 
 
 class QuantizedPanelEmbedding(nn.Module):
@@ -64,21 +60,20 @@ class QuantizedPanelEmbedding(nn.Module):
     def __init__(self, embed: nn.Module, ext) -> None:
         super().__init__()
         self.head = QuantizedPanelLinear(embed, ext)
-        self.dims = embed.weight.shape[1] * 32 // embed.bits  # K
         self.num_embeddings = self.head.out_features
 
     def __call__(self, ids: mx.array) -> mx.array:
         head = self.head
-        panel, lane = ids // native.PANEL, ids % native.PANEL
-        codes = head.codes[panel, :, lane]  # [..., K * bits / 8] uint8
-        if head.bits == 4:  # two k a byte, the lower k in the low nibble
-            codes = mx.stack([codes & 15, codes >> 4], axis=-1).reshape(*ids.shape, self.dims)
-        scales = mx.repeat(head.scales[panel, :, lane].astype(mx.float32), head.group_size, axis=-1)  # [..., K]
-        biases = mx.repeat(head.biases[panel, :, lane].astype(mx.float32), head.group_size, axis=-1)
-        return codes.astype(mx.float32) * scales + biases  # [..., K]
+        return native.quantized_rows(head.codes, head.scales, head.biases, head.bits, head.group_size, ids)  # [..., K]
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self.head(x)
+
+
+def _threads() -> int:
+    # The kernels' threads follow the BLAS's: the engine sets those per phase (decode rounds may
+    # run at one thread, engine/costs.py).
+    return backend.current_blas_threads() or 1
 
 
 def requested() -> bool | None:
