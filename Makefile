@@ -10,8 +10,10 @@ bootstrap:
 serve: bootstrap
 	$(VENV)/bin/dspark serve $(ARGS)
 
+# The suite writes bytecode caches even where PYTHONDONTWRITEBYTECODE is set: every worker and every
+# server or CLI it starts would otherwise recompile the project and re-rewrite the tests' asserts.
 test: bootstrap
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(ARGS)
 
 doctor: bootstrap
 	$(VENV)/bin/dspark doctor

@@ -8,6 +8,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # with a thread per core in each oversubscribes them, and its threads then wait on each other.
     os.environ.setdefault("DSPARK_BLAS_THREADS", "1")
 
+from tests.cpu_pinning import pin_this_worker  # noqa: E402
+
+pin_this_worker()  # before MLX starts its threads
+
 import engine  # noqa: E402,F401
 import pytest  # noqa: E402
 

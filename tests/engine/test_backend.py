@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from engine import backend
+from tests.cpu_pinning import machine_cores
 
 BLIS = "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4"
 
@@ -68,7 +69,7 @@ def test_disable_switch():
     assert out.strip() == "reference (bundled) | disabled by DSPARK_BLAS=off"
 
 
-needs_threads = pytest.mark.skipif(not backend.can_set_threads() or backend.available_cores() < 2,
+needs_threads = pytest.mark.skipif(not backend.can_set_threads() or machine_cores() < 2,
                                    reason="needs a BLAS whose thread count we set, on >= 2 cores")
 
 

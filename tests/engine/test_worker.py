@@ -16,6 +16,7 @@ from engine.runtime import Runtime
 from engine.scheduler import CostCurve, Scheduler
 from engine.generate import generate
 from tests.engine import tiny
+from tests.cpu_pinning import machine_cores
 
 
 class CountingTarget:
@@ -212,7 +213,7 @@ class _ThreadSpy:
         return self.inner.forward(ids, cache, taps=taps, inputs=inputs)
 
 
-@pytest.mark.skipif(not backend.can_set_threads() or backend.available_cores() < 2,
+@pytest.mark.skipif(not backend.can_set_threads() or machine_cores() < 2,
                     reason="needs a BLAS whose thread count we set, on >= 2 cores")
 def test_decode_rounds_run_at_the_curves_thread_count(tokenizer):
     """Prefill runs at the loaded count, every decode round at the curve's decode_threads, then the

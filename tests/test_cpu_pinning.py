@@ -1,0 +1,13 @@
+"""The suite's one-core-per-worker pinning (tests/cpu_pinning.py) never reaches the programs it starts."""
+
+import subprocess
+import sys
+
+from tests.cpu_pinning import machine_cores
+
+
+def test_children_get_every_core():
+    """A subprocess of a (possibly pinned) worker may run on every core the machine offers the suite."""
+    code = "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == machine_cores()
