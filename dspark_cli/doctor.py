@@ -24,6 +24,7 @@ def collect() -> dict:
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
     info["native"] = native_path()
     info["precision"] = default_precision()
+    info["memory"] = default_model_memory()
     info["warnings"] = warnings(info)
     return info
 
@@ -36,6 +37,23 @@ def default_precision() -> str:
     why = ("its GGUF's 4/8-bit tensors, through the native kernel" if chosen == "stored"
            else "dequantized once: without the native kernel, MLX's quantized products are the slower path here")
     return f"{chosen} ({why}; --precision picks another)"
+
+
+def default_model_memory() -> str:
+    """The embedded default model's weight memory as `--precision auto` loads it (loaded here, if prepared)."""
+    import mlx.core as mx
+
+    from engine.loading.default_model import default_model_dir, is_prepared
+    from engine.loading.target import load_target, resolve_precision, weight_bytes
+
+    precision = resolve_precision("auto")
+    if not is_prepared(default_model_dir(precision)):
+        return f"not prepared at {precision} precision yet (`dspark prepare` converts it)"
+    before = mx.get_active_memory()
+    model, _, _ = load_target(None, precision=precision)
+    held = mx.get_active_memory() - before
+    return (f"{weight_bytes(model) / 1e6:.1f} MB of weights at {precision} precision "
+            f"(MLX holds {held / 1e6:.1f} MB more once it is loaded)")
 
 
 def native_path() -> str:
@@ -93,6 +111,7 @@ def run(args) -> int:
         ("sgemm 1024^3 fp32", f"{info['sgemm_gflops']} GFLOP/s"),
         ("linear path", info["native"]),
         ("default model", info["precision"]),
+        ("its memory", info["memory"]),
     ]
     for key, value in rows:
         print(f"{key:>18}: {value}")

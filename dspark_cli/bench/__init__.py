@@ -63,6 +63,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, metavar="N", default=None, help="tokens per run (default: 128; --quick: 48)")
     p.add_argument("--repeats", type=int, metavar="N", default=None, help="timed passes per prompt (default: 2)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.generate reference")
+    p.add_argument("--peer", metavar="LLAMA_BENCH", default=None,
+                   help="instead: plain decode and prefill beside llama.cpp's llama-bench (this path) on the same "
+                        "GGUF, per thread count (--max-tokens, --repeats apply)")
+    p.add_argument("--peer-gguf", metavar="PATH", default=None,
+                   help="the GGUF llama.cpp runs (default: the embedded model's; required with --model)")
+    p.add_argument("--peer-threads", type=_csv(int), metavar="LIST", default=(1, 2),
+                   help="thread counts of the --peer comparison (default: 1,2)")
+    p.add_argument("--peer-prefill", type=_csv(int), metavar="LIST", default=None,
+                   help="prompt lengths of the --peer prefill comparison (default: 512,4096)")
     p.set_defaults(run=run)
 
 
@@ -107,6 +116,8 @@ def run(args) -> int:
     from dspark_cli.bench.prompts import load_prompts
     from dspark_cli.doctor import collect
 
+    if args.peer:
+        return _run_peer(args, collect())
     plan = _plan(args)
     environment = collect()
     source = DEFAULT_WORKLOADS if args.workloads else DEFAULT_STRUCTURED if args.structured else args.prompts
@@ -127,6 +138,19 @@ def run(args) -> int:
     out = write_all(rep, args.out)
     print((out / "report.md").read_text())
     stderr_progress(wrote_message(out, rep["plots"]))
+    return 0
+
+
+def _run_peer(args, environment: dict) -> int:
+    from dspark_cli.bench import peer
+
+    if args.peer_prefill is None:
+        args.peer_prefill = peer.DEFAULT_PREFILL
+    rep = peer.run_peer_bench(args, environment)
+    rep["command"] = " ".join(["dspark", *sys.argv[1:]])
+    out = peer.write(rep, args.out)
+    print((out / "report.md").read_text())
+    stderr_progress(f"wrote {out}/report.json and report.md")
     return 0
 
 

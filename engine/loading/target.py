@@ -65,6 +65,14 @@ def prefer_float32_on_cpu(model: nn.Module) -> None:
         model.set_dtype(mx.float32)
 
 
+def weight_bytes(model) -> int:
+    """Bytes of every array a loaded model holds (its parameters; a routed model's packed panels are
+    parameters too)."""
+    from mlx.utils import tree_flatten
+
+    return sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+
+
 def load_target(spec: str | None, progress: ProgressFn | None = None, precision: str = "auto"):
     """Load (model, tokenizer, path) for `spec`, float32 on the CPU: through mlx-lm, or for a
     vision-language model through mlx-vlm (its language model; the vision half is dropped).

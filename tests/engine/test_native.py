@@ -224,14 +224,20 @@ def test_native_is_opt_in_for_float32_and_falls_back_with_a_line(ext, float32_mo
 
 def test_doctor_reports_the_linear_path(ext):
     """`dspark doctor` says which path the target's linears take (by default MLX's for float32
-    products and the kernel for quantized ones) and which precision the default model gets."""
+    products and the kernel for quantized ones), which precision the default model gets, and the
+    weight memory it then holds (issue 25: at most 130 MB at stored precision)."""
     import json
+
+    megabytes = {}
 
     def report(extra):
         out = subprocess.run([sys.executable, "-m", "dspark_cli.main", "doctor", "--json"], capture_output=True,
                              text=True, check=True, cwd=ROOT, env={**os.environ, **extra})
         info = json.loads(out.stdout)
-        return info["native"], info["precision"].split(" (")[0]
+        precision = info["precision"].split(" (")[0]
+        assert f"of weights at {precision} precision" in info["memory"], info["memory"]
+        megabytes[precision] = float(info["memory"].split(" MB")[0])
+        return info["native"], precision
 
     isa = ext.instruction_set()
     assert report({"DSPARK_NATIVE": "0"}) == (f"MLX's (DSPARK_NATIVE=0; the native kernel is built ({isa}))", "float32")
@@ -239,6 +245,7 @@ def test_doctor_reports_the_linear_path(ext):
                                              f"native panel kernel ({isa}) for quantized ones (--precision stored)",
                                              "stored")
     assert report({"DSPARK_NATIVE": "1"}) == (f"native panel kernel ({isa}), DSPARK_NATIVE=1", "stored")
+    assert megabytes["stored"] <= 130 and megabytes["float32"] > 4 * megabytes["stored"], megabytes
 
 
 # ---------------------------------------------------------------- quantized panels (qpanel.inc)
@@ -315,9 +322,7 @@ def stored_smollm2(ext):
     """The default model at its stored precision (4-bit linears, 8-bit tied embedding), loaded as
     `--precision stored` loads it: every quantized product routed through the kernel, the tied
     table kept once (as the head's panels), and its weights within issue 25's 130 MB."""
-    from mlx.utils import tree_flatten
-
-    from engine.loading.target import load_target
+    from engine.loading.target import load_target, weight_bytes
     from engine.native.linear import QuantizedPanelEmbedding, QuantizedPanelLinear
 
     os.environ.pop("DSPARK_NATIVE", None)
@@ -326,7 +331,7 @@ def stored_smollm2(ext):
     assert sum(isinstance(m, QuantizedPanelLinear) for _, m in model.named_modules()) == 30 * 7 + 1
     assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
     assert isinstance(model.model.embed_tokens, QuantizedPanelEmbedding)
-    assert sum(a.nbytes for _, a in tree_flatten(model.parameters())) <= 130e6
+    assert weight_bytes(model) <= 130e6
     return model, tok
 
 
