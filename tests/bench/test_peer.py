@@ -44,16 +44,16 @@ def _calls(path: Path) -> list[list[str]]:
     return [json.loads(line) for line in Path(f"{path}.calls").read_text().splitlines()]
 
 
-def test_repacked_crash_falls_back_once_and_is_reported(stand_in, tmp_path):
-    """The first test tries repacked weights, and on a crash reruns with --repack 0; later tests go
-    straight to --repack 0, and the note names the failure."""
+def test_a_repacked_crash_falls_back_for_that_test_and_is_reported(stand_in, tmp_path):
+    """Each test tries repacked weights first and, where they crash, reruns with --repack 0; the note
+    names the failure, and the run says which setting it used."""
     p = peer.Peer(stand_in, tmp_path / "model.gguf", repeats=2)
     first = p.run(2, ["-p", "0", "-n", "16", "-d", "40"])
     second = p.run(1, ["-p", "64", "-n", "0"])
-    assert (first.tokens_per_s, first.repack, second.tokens_per_s) == (200.0, False, 1000.0)
+    assert (first.tokens_per_s, first.repack, second.tokens_per_s, second.repack) == (200.0, False, 1000.0, False)
     repacks = [c[c.index("--repack") + 1] for c in _calls(stand_in)]
-    assert repacks == ["1", "0", "0"]
-    assert len(p.notes) == 1 and "--repack 0" in p.notes[0] and "132" in p.notes[0]
+    assert repacks == ["1", "0", "1", "0"]
+    assert len(p.notes) == 2 and all("--repack 0" in n and "132" in n for n in p.notes)
 
 
 def test_a_failing_peer_is_an_error_not_a_number(tmp_path):
@@ -84,5 +84,5 @@ def test_peer_bench_end_to_end(stand_in, tmp_path, default_model_dir):
     calls = _calls(stand_in)
     gen = next(c for c in calls if c[c.index("-n") + 1] == "8")
     assert gen[gen.index("-d") + 1] == str(decode["prompt_tokens"])
-    assert rep["repack"] is False and rep["notes"]
-    assert "| decode | 1 |" in (out / "report.md").read_text()
+    assert all(row["peer_repack"] is False for row in rep["rows"]) and len(rep["notes"]) == 2
+    assert "| decode | 1 |" in (out / "report.md").read_text() and "--repack 0" in (out / "report.md").read_text()
