@@ -24,7 +24,6 @@ def collect() -> dict:
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
     info["native"] = native_path()
     info["precision"] = default_precision()
-    info["memory"] = default_model_memory()
     info["warnings"] = warnings(info)
     return info
 
@@ -98,6 +97,8 @@ def warnings(info: dict) -> list[str]:
 
 def run(args) -> int:
     info = collect()
+    # Here, not in collect(): it loads the model, and `dspark bench` collects the same facts.
+    info["memory"] = default_model_memory()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

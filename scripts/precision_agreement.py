@@ -28,8 +28,8 @@ def top2_margin(model, ids: list[int]) -> float:
 
 def main() -> None:
     dirs = {p: ensure_default_model(precision=p) for p in ("float32", "stored")}
-    models = {p: load_target(str(d))[0] for p, d in dirs.items()}
-    tok = load_target(str(dirs["float32"]))[1]
+    loaded = {p: load_target(str(d))[:2] for p, d in dirs.items()}
+    models, tok = {p: m for p, (m, _) in loaded.items()}, loaded["float32"][1]
     parted = 0
     for i, question in enumerate(QUESTIONS):
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dspark_cli.bench.peer import DEFAULT_PREFILL
 from dspark_cli.bench.plan import FULL, QUICK
 from dspark_cli.bench.prompts import DEFAULT_PROMPTS, DEFAULT_STRUCTURED, DEFAULT_WORKLOADS
 from dspark_cli.progress import ProgressBar, stderr_progress
@@ -70,7 +71,7 @@ def add_parser(sub) -> None:
                    help="the GGUF llama.cpp runs (default: the embedded model's; required with --model)")
     p.add_argument("--peer-threads", type=_csv(int), metavar="LIST", default=(1, 2),
                    help="thread counts of the --peer comparison (default: 1,2)")
-    p.add_argument("--peer-prefill", type=_csv(int), metavar="LIST", default=None,
+    p.add_argument("--peer-prefill", type=_csv(int), metavar="LIST", default=DEFAULT_PREFILL,
                    help="prompt lengths of the --peer prefill comparison (default: 512,4096)")
     p.set_defaults(run=run)
 
@@ -144,8 +145,6 @@ def run(args) -> int:
 def _run_peer(args, environment: dict) -> int:
     from dspark_cli.bench import peer
 
-    if args.peer_prefill is None:
-        args.peer_prefill = peer.DEFAULT_PREFILL
     rep = peer.run_peer_bench(args, environment)
     rep["command"] = " ".join(["dspark", *sys.argv[1:]])
     out = peer.write(rep, args.out)

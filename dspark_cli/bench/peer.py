@@ -71,10 +71,6 @@ class Peer:
         return PeerRun(float(record["avg_ts"]), tuple(record.get("samples_ts") or ()), repack, info)
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def ours_decode(runtime, prompt_ids: list[int], max_tokens: int, repeats: int) -> tuple[float, list[float], int]:
     """(median decode tokens/s, every run's, tokens decoded in the last run) of plain greedy decoding."""
     from dspark_cli.bench.arms import timed_greedy
@@ -85,7 +81,7 @@ def ours_decode(runtime, prompt_ids: list[int], max_tokens: int, repeats: int) -
         s = finished.stats
         tokens = s.round_tokens
         rates.append(s.round_tokens / s.decode_time_s if s.decode_time_s > 0 else float("nan"))
-    return _median(rates), rates, tokens
+    return statistics.median(rates), rates, tokens
 
 
 def ours_prefill(runtime, prompt_ids: list[int], repeats: int) -> tuple[float, list[float]]:
@@ -96,7 +92,7 @@ def ours_prefill(runtime, prompt_ids: list[int], repeats: int) -> tuple[float, l
     for _ in range(repeats):
         _, finished, _ = timed_greedy(runtime, prompt_ids, 1)
         rates.append(len(prompt_ids) / finished.stats.time_prefill_s)
-    return _median(rates), rates
+    return statistics.median(rates), rates
 
 
 def filler_ids(ids: list[int], n: int) -> list[int]:
