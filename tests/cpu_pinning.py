@@ -7,6 +7,10 @@ cross-core interrupt, which on this project's VMs costs tens of microseconds (do
 the numbers). The Monte Carlo tests make hundreds of thousands of such waits on tiny models, so
 the suite keeps each worker's threads (MLX's included, which inherit the mask) on one core.
 
+On that core the worker also runs under SCHED_BATCH, which the kernel never lets preempt a thread
+on wake-up: the stream thread, woken at each dispatch, no longer takes the core from the thread
+still building the graph, and runs the queued ops when that thread waits for them.
+
 Subprocesses (servers, CLIs, Schemathesis) get every core back, so they run as users run them.
 """
 
@@ -33,19 +37,25 @@ def pin_this_worker() -> bool:
     if not (_MACHINE_CPUS and worker.startswith("gw") and count.isdigit() and int(count) == len(_MACHINE_CPUS)):
         return False
     os.sched_setaffinity(0, {sorted(_MACHINE_CPUS)[int(worker[2:])]})
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:  # a sandbox that filters the call: pinned alone still helps
+        pass
     _unpin_children()
     return True
 
 
 def _unpin_children() -> None:
-    # A child inherits the spawning thread's mask; hand it every core right after the spawn (its
-    # interpreter is still starting, long before it creates threads of its own).
+    # A child inherits the spawning thread's mask and policy; hand it every core and the default
+    # policy right after the spawn (its interpreter is still starting, long before it creates
+    # threads of its own).
     spawn = subprocess.Popen._execute_child
 
     def execute_child(self, *args, **kwargs):
         spawn(self, *args, **kwargs)
         try:
             os.sched_setaffinity(self.pid, _MACHINE_CPUS)
+            os.sched_setscheduler(self.pid, os.SCHED_OTHER, os.sched_param(0))
         except OSError:  # it already exited
             pass
 
