@@ -15,6 +15,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.models.window_cache import windowed
+from engine.native import attention as native_attention
 
 if TYPE_CHECKING:
     from engine.vision import PromptInputs
@@ -90,10 +91,11 @@ class Target:
 
     def logits(self, ids: mx.array, cache: list | None = None, inputs: PromptInputs | None = None) -> mx.array:
         """ids [b, n] -> logits [b, n, V] float32, no taps (cache None: an uncached forward)."""
-        if inputs is None:
-            out = self.model(ids, cache=cache)
-        else:
-            out = self.model(ids, cache=cache, inputs_embeds=inputs.embeds, **inputs.extra)
+        with native_attention.active(self.model):
+            if inputs is None:
+                out = self.model(ids, cache=cache)
+            else:
+                out = self.model(ids, cache=cache, inputs_embeds=inputs.embeds, **inputs.extra)
         return getattr(out, "logits", out).astype(mx.float32)
 
     def forward(self, ids: mx.array, cache: list, taps: bool = True,
@@ -120,7 +122,8 @@ class Target:
         if inner is None:
             raise TapError(f"{type(self.model).__name__} has no inner .model to read the final hidden state from")
         self._sink.clear()
-        hidden = inner(ids, cache=cache).astype(mx.float32)
+        with native_attention.active(self.model):
+            hidden = inner(ids, cache=cache).astype(mx.float32)
         return hidden, self._collect_taps()
 
     def _collect_taps(self) -> mx.array | None:

@@ -3,3 +3,4 @@
 #include "kernel.inc"
 #include "panel.inc"
 #include "qpanel.inc"
+#include "softmax.inc"

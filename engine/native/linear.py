@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine import backend, native
+from engine.native.attention import route_attention
 
 
 class PackedLinear(nn.Module):
@@ -123,7 +124,11 @@ def use_native(model: nn.Module) -> tuple[bool, str | None]:
     if ext is None:
         return False, f"native kernel: keeping MLX's path: {native.REASON}"
     count = route_linears(model, ext, quantized_only=asked is None)
-    return count > 0, f"native panel kernel ({ext.instruction_set()}): {count} linear products routed"
+    if not count:
+        return False, f"native panel kernel ({ext.instruction_set()}): 0 linear products routed"
+    layers = route_attention(model, ext)
+    return True, (f"native panel kernel ({ext.instruction_set()}): {count} linear products routed, "
+                  f"prompt-chunk attention of {layers} layers")
 
 
 def _has_quantized(model: nn.Module) -> bool:

@@ -6,8 +6,9 @@
 // in L1, multiplies it with every row of x.
 //
 // The kernels are kernel.inc (skinny_linear), panel.inc (packed_linear: float32 weights repacked in
-// panels) and qpanel.inc (quantized_linear: MLX's affine 4- and 8-bit weights in panels), each built
-// for AVX2 and for AVX-512 and chosen at run time.
+// panels), qpanel.inc (quantized_linear: MLX's affine 4- and 8-bit weights in panels) and
+// softmax.inc (causal_softmax, for attention over a prompt chunk), each built for AVX2 and for
+// AVX-512 and chosen at run time.
 //
 // Layout: x [R, K] row-contiguous (R = the product of x's leading dimensions), w [N, K] with unit
 // column stride (an mlx.nn.Linear weight), out [R, N] row-major.
@@ -244,6 +245,62 @@ mx::array quantized_linear(const mx::array& x, const mx::array& qp, const mx::ar
                     mx::contiguous(bp, false, s)});
 }
 
+// Softmax over the last axis of attention scores s [..., L, S] (contiguous), row r being query
+// r % L of a chunk whose first query sits at key position `offset`: keys past a query get 0.
+class CausalSoftmax : public mx::UnaryPrimitive {
+ public:
+  CausalSoftmax(mx::Stream stream, int64_t offset, int threads)
+      : mx::UnaryPrimitive(stream), offset_(offset), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& s = inputs[0];
+    if (!s.flags().row_contiguous) throw std::runtime_error("causal_softmax: scores must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(s);
+    encoder.set_output_array(out);
+    int64_t S = s.shape(-1), L = s.shape(-2), rows = s.size() / S, offset = offset_;
+    int threads = threads_;
+    const float* sp = s.data<float>();
+    float* op = out.data<float>();
+    encoder.dispatch([=]() {
+      split(rows, 1, 16, threads, [&](int64_t r0, int64_t r1, bool wide) {
+        if (wide)
+          dspark_native::avx512::causal_softmax(sp, op, S, L, offset, r0, r1);
+        else
+          dspark_native::avx2::causal_softmax(sp, op, S, L, offset, r0, r1);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("causal_softmax runs on the CPU only");
+  }
+
+  const char* name() const override { return "CausalSoftmax"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const CausalSoftmax&>(other);
+    return offset_ == o.offset_ && threads_ == o.threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  int64_t offset_;
+  int threads_;
+};
+
+mx::array causal_softmax(const mx::array& s, int64_t offset, int threads) {
+  if (s.dtype() != mx::float32) throw std::invalid_argument("causal_softmax: float32 scores only");
+  if (s.ndim() < 2 || offset < 0) throw std::invalid_argument("causal_softmax: scores [..., L, S] and offset >= 0");
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  return mx::array(s.shape(), mx::float32, std::make_shared<CausalSoftmax>(st, offset, threads),
+                   {mx::contiguous(s, false, st)});
+}
+
 bool cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -262,6 +319,9 @@ NB_MODULE(_native, m) {
         "threads"_a = 1,
         "x @ w.T for float32 x [..., K] and an MLX affine-quantized w (4 or 8 bits) packed by "
         "engine.native.pack_quantized, holding n outputs (CPU only).");
+  m.def("causal_softmax", &causal_softmax, "s"_a, "offset"_a, "threads"_a = 1,
+        "Softmax over the last axis of float32 attention scores s [..., L, S], row r being query r % L "
+        "at key position offset + r % L: the keys after it get weight 0 (CPU only).");
   m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2, FMA and F16C the kernel needs.");
   m.def("instruction_set", []() { return has_avx512() ? "avx512" : "avx2"; }, "The kernel build in use.");
 }

@@ -248,6 +248,97 @@ def test_doctor_reports_the_linear_path(ext):
     assert megabytes["stored"] <= 130 and megabytes["float32"] > 4 * megabytes["stored"], megabytes
 
 
+# ---------------------------------------------------------------- prompt-chunk attention (softmax.inc)
+
+def _masked_softmax(s: mx.array, offset: int) -> mx.array:
+    """MLX's softmax of scores [..., L, S] with the keys after each query (row i at offset + i) masked."""
+    rows, cols = (offset + mx.arange(s.shape[-2]))[:, None], mx.arange(s.shape[-1])[None]
+    return mx.softmax(mx.where(cols <= rows, s, -mx.inf), axis=-1, precise=True)
+
+
+@pytest.mark.parametrize("shape", [(9, 512, 4096), (3, 7, 19), (2, 1, 5), (4, 33, 33), (1, 64, 100), (3, 17, 200)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_causal_softmax_equals_masked_softmax(ext, shape, threads):
+    """The kernel against MLX's softmax over the causally masked scores: equal within 1e-5 of the row
+    maximum, whole vectors and tails alike, and exactly 0 on every masked key."""
+    heads, rows, keys = shape
+    mx.random.seed(rows)
+    s = mx.random.normal((1, heads, rows, keys)) * 8
+    got = ext.causal_softmax(s, keys - rows, threads)
+    assert _rel_err(got, _masked_softmax(s, keys - rows)) < 1e-5
+    future = mx.arange(keys)[None] > (keys - rows + mx.arange(rows))[:, None]  # [L, S]
+    assert not mx.any(mx.where(future, got, 0)).item()
+
+
+def test_causal_softmax_avx2_build(ext):
+    """The AVX2 build of the softmax kernel against MLX's masked softmax."""
+    code = ("import engine, mlx.core as mx, engine.native as n; e = n.load(); print(e.instruction_set())\n"
+            "for h, l, s in ((3, 7, 19), (2, 40, 300)):\n"
+            "    x = mx.random.normal((1, h, l, s)) * 8; o = s - l\n"
+            "    rows, cols = (o + mx.arange(l))[:, None], mx.arange(s)[None]\n"
+            "    want = mx.softmax(mx.where(cols <= rows, x, -mx.inf), axis=-1, precise=True)\n"
+            "    d = mx.max(mx.abs(e.causal_softmax(x, o, 1) - want))\n"
+            "    assert d.item() < 1e-5, (h, l, s, d.item())\n")
+    run_under_avx2(code)
+
+
+def test_bad_scores_are_refused(ext):
+    """float16 scores, a vector, or a negative offset raise instead of computing something wrong."""
+    for args in [(mx.zeros((2, 3), dtype=mx.float16), 1), (mx.zeros((3,)), 0), (mx.zeros((2, 3)), -1)]:
+        with pytest.raises(ValueError):
+            ext.causal_softmax(*args)
+
+
+@pytest.mark.parametrize("heads, kv_heads, rows, keys", [(9, 3, 64, 64), (9, 3, 70, 300), (4, 4, 65, 65), (8, 2, 100, 130)])
+def test_prompt_chunk_attention_equals_mlx_attention(ext, heads, kv_heads, rows, keys):
+    """Grouped-query attention of a chunk (its queries the last `rows` positions) equals MLX's
+    scaled_dot_product_attention with the causal mask, within 1e-5."""
+    from engine.native.attention import causal_attention
+
+    mx.random.seed(keys)
+    q = mx.random.normal((1, heads, rows, 64))
+    k, v = mx.random.normal((1, kv_heads, keys, 64)), mx.random.normal((1, kv_heads, keys, 64))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert _rel_err(causal_attention(q, k, v, 0.125, ext), want) < 1e-5
+
+
+def test_routed_target_takes_the_kernel_for_prompt_chunks_only(stored_smollm2):
+    """A routed target's forward of a prompt chunk (>= MIN_ROWS rows) takes the kernel in every layer
+    and stays within 1e-4 of MLX's attention; a forward of verify size (17 rows) keeps MLX's, so
+    decode steps and rounds compute what they did; the model called directly keeps MLX's too."""
+    from engine.models.target import Target
+    from engine.native import attention
+
+    model, _ = stored_smollm2
+    target = Target(model)
+
+    def last_logits(ids, routed):
+        setattr(model, attention._MARK, routed)  # as route_attention left it, or as if it had not run
+        try:
+            cache = target.make_cache()
+            out = target.logits(mx.array([ids[:80]]), cache)[0, -1]
+            if len(ids) > 80:
+                out = target.logits(mx.array([ids[80:]]), cache)
+            return out
+        finally:
+            setattr(model, attention._MARK, True)
+
+    ids = [(7 * i) % 40000 + 100 for i in range(97)]  # a chunk of 80, then a round of 17
+    prompt_on, prompt_off = last_logits(ids[:80], True), last_logits(ids[:80], False)
+    assert not mx.array_equal(prompt_on, prompt_off).item()  # the kernel ran
+    assert _rel_err(prompt_on, prompt_off) < 1e-4
+    calls = []
+    original = attention.causal_attention
+    attention.causal_attention = lambda *a: calls.append(a[0].shape) or original(*a)
+    try:
+        rounds = last_logits(ids, True)
+        model(mx.array([ids[:80]]))  # outside a Target: MLX's attention
+    finally:
+        attention.causal_attention = original
+    assert [shape[2] for shape in calls] == [80] * 30  # the chunk in every layer; the round and the direct call not
+    assert rounds.shape == (1, 17, 49152)
+
+
 # ---------------------------------------------------------------- quantized panels (qpanel.inc)
 
 QSHAPES = [(576, 576, 32), (192, 576, 32), (1536, 576, 32), (576, 1536, 32), (37, 64, 32), (129, 128, 64),
