@@ -19,7 +19,7 @@ from tests.engine import gemma_drafter_fixtures as gx
 from tests.engine import tiny
 from tests.engine.test_spec import PROMPTS, TIE_EPS, first_divergence, make_decoder, run, top2_gap
 
-GEMMA_12B = {  # the published drafter's geometry (docs: dspark-spec §1.8, §3.1)
+GEMMA_12B = {  # the published drafter's geometry (docs/method.md §4.1, §4.2)
     "hidden_size": 3840, "vocab_size": 262144, "intermediate_size": 15360, "num_attention_heads": 16,
     "num_key_value_heads": 8, "num_global_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
     "num_hidden_layers": 5, "block_size": 7, "markov_rank": 256,

@@ -1,8 +1,8 @@
 """Client-shaped request bodies through `dspark serve` on loopback with the real engine and default model.
 
-Each body is modelled on what a mainstream client sends by default (the review in
-shared/docs/reviews/client-compat.md cites their sources). Every one must be served: 200, a
-well-formed reply or stream, and never a 4xx for a field the server can ignore or honour.
+Each body is modelled on what a mainstream client sends by default (each case is named after its
+client). Every one must be served: 200, a well-formed reply or stream, and never a 4xx for a field
+the server can ignore or honour.
 """
 
 from __future__ import annotations
