@@ -10,7 +10,14 @@ WEB = ("fastapi", "pydantic", "starlette", "sse_starlette", "uvicorn", "pydantic
 
 def imports(path: Path) -> set[str]:
     """Absolute module names imported by a Python file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SystemError:
+        # CPython 3.11's AST constructor keeps one recursion counter per interpreter: an ast.parse
+        # in another thread of this worker at the same moment can make this one fail spuriously
+        # (CPython gh-106905; seen once in the suite). The file itself is fine: parse it again.
+        tree = ast.parse(source, filename=str(path))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

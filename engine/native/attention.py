@@ -1,15 +1,18 @@
-"""Causal attention over a prompt chunk through the native softmax (docs/native.md, "Prefill").
+"""Attention through the native kernels for a routed target (docs/native.md, "Attention").
 
-MLX's CPU softmax computes exp one element at a time, and a prompt chunk's scores are
-[heads, rows, keys]: at a few thousand tokens of context that loop is most of the prefill. For a
-routed target (`route_attention`, at load beside its linears), attention over forwards of at least
-MIN_ROWS rows with the causal mask becomes two BLAS matmuls around `causal_softmax`. Smaller
-forwards (decode steps and verify rounds) keep MLX's attention, so every round computes exactly
-what it did before; a prompt is read in the same chunks in every mode, so modes still agree.
+MLX's CPU softmax computes exp one element at a time, and its attention for a few query rows is a
+chain of small ops. For a routed target (`route_attention`, at load beside its linears):
 
-mlx-lm's attention layers call their module's `scaled_dot_product_attention`; routing replaces
-that name in the model's modules with a function that uses the kernel only while a routed model's
-forward runs on this thread (`active`), and calls the original otherwise.
+- a forward of at least MIN_ROWS rows (a prompt chunk) with the causal mask: two BLAS matmuls
+  around `causal_softmax`;
+- any smaller forward (a decode step, a verify round): `few_row_attention`, one call a layer that
+  computes each query row alone over the keys it sees, so a row verified beside others equals the
+  same row decoded alone, as with the linears.
+
+A prompt is read in the same chunks in every mode, so modes agree as before. mlx-lm's attention
+layers call their module's `scaled_dot_product_attention` (mlx-lm's own, from its `base`); routing
+replaces that name in those modules with a function that takes the kernels only while a routed
+model's forward runs on this thread (`active`), and calls mlx-lm's otherwise.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import base as mlx_lm_base
 
 from engine import backend
 
-# Rows a forward needs before its attention takes the kernel: above any verify round (a cap of at
-# most 16 drafts plus the anchor), so only prompt chunks do.
+# Rows from which a forward's attention is BLAS products around the softmax kernel rather than
+# few_row_attention: above any verify round (a cap of at most 16 drafts plus the anchor), so that
+# decode steps and rounds always share one kernel.
 MIN_ROWS = 64
 _MARK = "_dspark_native_attention"
 _state = threading.local()
@@ -43,16 +48,18 @@ def causal_attention(queries: mx.array, keys: mx.array, values: mx.array, scale:
 
 
 def route_attention(model: nn.Module, ext) -> int:
-    """Give `model`'s mlx-lm attention layers the kernel for prompt chunks: returns how many layers'
-    modules now call through `_routed` (0 when the model's attention is not mlx-lm's)."""
+    """Give `model`'s mlx-lm attention layers the kernels: returns how many attention modules now
+    call through `_routed` (0 when the model's attention is not mlx-lm's)."""
     patched = 0
     for _, module in model.named_modules():
         source = sys.modules.get(type(module).__module__)
-        original = getattr(source, "scaled_dot_product_attention", None)
-        if original is None or not hasattr(module, "scale"):
+        current = getattr(source, "scaled_dot_product_attention", None)
+        if current is None or not hasattr(module, "scale"):
             continue
-        if not getattr(original, _MARK, False):
-            source.scaled_dot_product_attention = _routed(original, ext)
+        if current is mlx_lm_base.scaled_dot_product_attention:
+            source.scaled_dot_product_attention = _routed(current, ext)
+        elif not getattr(current, _MARK, False):
+            continue  # another library's attention, whose call we do not know
         patched += 1
     setattr(model, _MARK, patched > 0)
     return patched
@@ -60,8 +67,8 @@ def route_attention(model: nn.Module, ext) -> int:
 
 @contextmanager
 def active(model) -> Iterator[None]:
-    """While this runs, attention of prompt chunks on this thread takes the kernel if `model` was
-    routed (`route_attention`); other models and threads keep MLX's attention."""
+    """While this runs, attention on this thread takes the kernels if `model` was routed
+    (`route_attention`); other models and threads keep MLX's attention."""
     before = getattr(_state, "on", False)
     _state.on = getattr(model, _MARK, False)
     try:
@@ -72,11 +79,14 @@ def active(model) -> Iterator[None]:
 
 def _routed(original, ext):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
-        if (getattr(_state, "on", False) and isinstance(mask, str) and mask == "causal" and sinks is None
-                and not kwargs and not hasattr(cache, "bits") and queries.shape[2] >= MIN_ROWS
+        rows = queries.shape[2]
+        causal = (isinstance(mask, str) and mask == "causal") or (mask is None and rows == 1)
+        if (getattr(_state, "on", False) and causal and sinks is None and not kwargs and not hasattr(cache, "bits")
                 and queries.dtype == keys.dtype == values.dtype == mx.float32
                 and queries.shape[1] % keys.shape[1] == 0):
-            return causal_attention(queries, keys, values, scale, ext)
+            if rows >= MIN_ROWS:
+                return causal_attention(queries, keys, values, scale, ext)
+            return ext.few_row_attention(queries, keys, values, scale, backend.current_blas_threads() or 1)
         return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks, **kwargs)
 
     setattr(scaled_dot_product_attention, _MARK, True)

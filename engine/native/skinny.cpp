@@ -301,6 +301,72 @@ mx::array causal_softmax(const mx::array& s, int64_t offset, int threads) {
                    {mx::contiguous(s, false, st)});
 }
 
+// softmax(q k^T * scale, causal) v for a few query rows: q [B, H, L, D] (the last L positions of
+// S), k and v [B, Hkv, S, D] as the KV cache holds them (any strides: a cache's slice is read in
+// place). One primitive a layer, each query row computed alone.
+class FewRowAttention : public mx::UnaryPrimitive {
+ public:
+  FewRowAttention(mx::Stream stream, float scale, int threads)
+      : mx::UnaryPrimitive(stream), scale_(scale), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
+    if (!q.flags().row_contiguous) throw std::runtime_error("few_row_attention: q must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    dspark_native::AttentionArgs args{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                      q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3),
+                                      {static_cast<int64_t>(k.strides(0)), static_cast<int64_t>(k.strides(1)),
+                                       static_cast<int64_t>(k.strides(2)), static_cast<int64_t>(k.strides(3))},
+                                      {static_cast<int64_t>(v.strides(0)), static_cast<int64_t>(v.strides(1)),
+                                       static_cast<int64_t>(v.strides(2)), static_cast<int64_t>(v.strides(3))},
+                                      scale_};
+    int64_t units = q.size() / q.shape(3);
+    int threads = threads_;
+    encoder.dispatch([=]() {
+      split(units, 1, 4, threads, [&](int64_t u0, int64_t u1, bool wide) {
+        if (wide)
+          dspark_native::avx512::few_row_attention(args, u0, u1);
+        else
+          dspark_native::avx2::few_row_attention(args, u0, u1);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("few_row_attention runs on the CPU only");
+  }
+
+  const char* name() const override { return "FewRowAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const FewRowAttention&>(other);
+    return scale_ == o.scale_ && threads_ == o.threads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float scale_;
+  int threads_;
+};
+
+mx::array few_row_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads) {
+  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
+    throw std::invalid_argument("few_row_attention: float32 only");
+  if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape() || q.shape(0) != k.shape(0) ||
+      q.shape(3) != k.shape(3) || k.shape(1) == 0 || q.shape(1) % k.shape(1) || q.shape(2) > k.shape(2))
+    throw std::invalid_argument("few_row_attention: q [B, H, L, D], k and v [B, Hkv, S, D], H a multiple of "
+                                "Hkv and L <= S expected");
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  return mx::array(q.shape(), mx::float32, std::make_shared<FewRowAttention>(st, scale, threads),
+                   {mx::contiguous(q, false, st), k, v});
+}
+
 bool cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -319,6 +385,9 @@ NB_MODULE(_native, m) {
         "threads"_a = 1,
         "x @ w.T for float32 x [..., K] and an MLX affine-quantized w (4 or 8 bits) packed by "
         "engine.native.pack_quantized, holding n outputs (CPU only).");
+  m.def("few_row_attention", &few_row_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a = 1,
+        "softmax(q k^T * scale) v for float32 q [B, H, L, D], the last L positions of k and v [B, Hkv, S, D], "
+        "each query seeing the keys up to its own position; each row computed alone (CPU only).");
   m.def("causal_softmax", &causal_softmax, "s"_a, "offset"_a, "threads"_a = 1,
         "Softmax over the last axis of float32 attention scores s [..., L, S], row r being query r % L "
         "at key position offset + r % L: the keys after it get weight 0 (CPU only).");

@@ -302,21 +302,73 @@ def test_prompt_chunk_attention_equals_mlx_attention(ext, heads, kv_heads, rows,
     assert _rel_err(causal_attention(q, k, v, 0.125, ext), want) < 1e-5
 
 
-def test_routed_target_takes_the_kernel_for_prompt_chunks_only(stored_smollm2):
-    """A routed target's forward of a prompt chunk (>= MIN_ROWS rows) takes the kernel in every layer
-    and stays within 1e-4 of MLX's attention; a forward of verify size (17 rows) keeps MLX's, so
-    decode steps and rounds compute what they did; the model called directly keeps MLX's too."""
+@pytest.mark.parametrize("heads, kv_heads, rows, keys, dim",
+                         [(9, 3, 1, 129, 64), (9, 3, 8, 129, 64), (9, 3, 17, 300, 64), (4, 4, 1, 5, 64),
+                          (8, 2, 3, 40, 48), (2, 1, 5, 5, 20)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_few_row_attention_equals_mlx_attention(ext, heads, kv_heads, rows, keys, dim, threads):
+    """A decode step's or a verify round's attention, read in place from a cache buffer's slice (and
+    from keys strided along D), equals MLX's with the causal mask within 1e-5."""
+    mx.random.seed(keys + rows)
+    k_buf, v_buf = mx.random.normal((1, kv_heads, 512, dim)), mx.random.normal((1, kv_heads, 512, dim))
+    k, v = k_buf[..., :keys, :], v_buf[..., :keys, :]  # as KVCache.update_and_fetch returns them
+    q = mx.random.normal((1, rows, heads, dim)).transpose(0, 2, 1, 3)
+    mask = "causal" if rows > 1 else None
+    scale = dim**-0.5
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    assert _rel_err(ext.few_row_attention(q, k, v, scale, threads), want) < 1e-5
+    k_t = mx.random.normal((1, kv_heads, dim, keys)).swapaxes(-1, -2)  # stride along D != 1
+    want = mx.fast.scaled_dot_product_attention(q, k_t, v, scale=scale, mask=mask)
+    assert _rel_err(ext.few_row_attention(q, k_t, v, scale, threads), want) < 1e-5
+
+
+def test_few_row_attention_rows_do_not_depend_on_the_row_count(ext):
+    """Each of 8 rows verified together is bit-identical to that row decoded alone over the keys it
+    sees, so speculative rounds compute exactly what plain decoding does."""
+    mx.random.seed(5)
+    k, v, q = mx.random.normal((1, 3, 130, 64)), mx.random.normal((1, 3, 130, 64)), mx.random.normal((1, 9, 8, 64))
+    together = ext.few_row_attention(q, k, v, 0.125, 2)
+    for i in range(8):
+        seen = 130 - 8 + i + 1
+        alone = ext.few_row_attention(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], 0.125, 1)
+        assert mx.array_equal(alone[:, :, 0], together[:, :, i]).item(), i
+
+
+def test_few_row_attention_avx2_build(ext):
+    """The AVX2 build of the few-row attention kernel against MLX's."""
+    code = ("import engine, mlx.core as mx, engine.native as n; e = n.load(); print(e.instruction_set())\n"
+            "for h, kv, l, s, d in ((9, 3, 1, 129, 64), (8, 2, 5, 40, 20)):\n"
+            "    q = mx.random.normal((1, h, l, d)); k = mx.random.normal((1, kv, s, d)); v = mx.random.normal((1, kv, s, d))\n"
+            "    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask='causal' if l > 1 else None)\n"
+            "    d = mx.max(mx.abs(e.few_row_attention(q, k, v, 0.125, 1) - want))\n"
+            "    assert d.item() < 1e-5, (h, l, s, d.item())\n")
+    run_under_avx2(code)
+
+
+def test_bad_attention_inputs_are_refused(ext):
+    """float16, heads that are not a multiple of the key heads, or more queries than keys raise."""
+    q, k = mx.zeros((1, 4, 2, 8)), mx.zeros((1, 2, 5, 8))
+    for args in [(q.astype(mx.float16), k, k), (mx.zeros((1, 3, 2, 8)), k, k), (mx.zeros((1, 4, 6, 8)), k, k),
+                 (q, k, mx.zeros((1, 2, 4, 8)))]:
+        with pytest.raises(ValueError):
+            ext.few_row_attention(*args, 0.5)
+
+
+def test_routed_target_attention_takes_the_kernels(stored_smollm2):
+    """A routed target's prompt chunk (>= MIN_ROWS rows) takes the BLAS products around the softmax
+    kernel in every layer, within 1e-4 of MLX's attention; a verify round (17 rows) takes
+    few_row_attention in every layer; the model called directly, outside a Target, keeps MLX's."""
     from engine.models.target import Target
     from engine.native import attention
 
     model, _ = stored_smollm2
     target = Target(model)
 
-    def last_logits(ids, routed):
+    def logits(ids, routed):
         setattr(model, attention._MARK, routed)  # as route_attention left it, or as if it had not run
         try:
             cache = target.make_cache()
-            out = target.logits(mx.array([ids[:80]]), cache)[0, -1]
+            out = target.logits(mx.array([ids[:80]]), cache)
             if len(ids) > 80:
                 out = target.logits(mx.array([ids[80:]]), cache)
             return out
@@ -324,19 +376,32 @@ def test_routed_target_takes_the_kernel_for_prompt_chunks_only(stored_smollm2):
             setattr(model, attention._MARK, True)
 
     ids = [(7 * i) % 40000 + 100 for i in range(97)]  # a chunk of 80, then a round of 17
-    prompt_on, prompt_off = last_logits(ids[:80], True), last_logits(ids[:80], False)
+    prompt_on, prompt_off = logits(ids[:80], True)[0, -1], logits(ids[:80], False)[0, -1]
     assert not mx.array_equal(prompt_on, prompt_off).item()  # the kernel ran
     assert _rel_err(prompt_on, prompt_off) < 1e-4
-    calls = []
-    original = attention.causal_attention
-    attention.causal_attention = lambda *a: calls.append(a[0].shape) or original(*a)
+    chunks, rounds = [], []
+    ext = native.load()
+
+    class Spy:
+        def causal_softmax(self, s, *args):
+            chunks.append(s.shape)
+            return ext.causal_softmax(s, *args)
+
+        def few_row_attention(self, q, *args):
+            rounds.append(q.shape)
+            return ext.few_row_attention(q, *args)
+
+    module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    routed = module.scaled_dot_product_attention
+    module.scaled_dot_product_attention = attention._routed(routed, Spy())  # the same routing, spied on
     try:
-        rounds = last_logits(ids, True)
+        out = logits(ids, True)
         model(mx.array([ids[:80]]))  # outside a Target: MLX's attention
     finally:
-        attention.causal_attention = original
-    assert [shape[2] for shape in calls] == [80] * 30  # the chunk in every layer; the round and the direct call not
-    assert rounds.shape == (1, 17, 49152)
+        module.scaled_dot_product_attention = routed
+    assert [shape[3] for shape in chunks] == [80] * 30  # [B, Hkv, rep, L, S]: the chunk in every layer
+    assert [shape[2] for shape in rounds] == [17] * 30  # the round in every layer; the direct call in none
+    assert out.shape == (1, 17, 49152)
 
 
 # ---------------------------------------------------------------- quantized panels (qpanel.inc)
