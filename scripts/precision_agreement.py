@@ -1,6 +1,8 @@
 """Greedy text of the default model at stored precision against the float32 path (issue 25,
 "agreement with float32"): over the greedy-equivalence prompts (tests/engine/smollm2_cases.py),
-128 tokens each, where the two first part and each model's top-2 logit margin there.
+128 tokens each, where the two first part and each model's top-2 logit margin there. The stored
+model is decoded twice: with MLX's attention (the model called directly), and as the engine runs it,
+with the native attention kernels (engine/native/attention.py).
 
 Run from the repository root: `PYTHONPATH=. .venv/bin/python scripts/precision_agreement.py`
 (both conversions are prepared on first use; the decodes are cached like the tests' references).
@@ -13,8 +15,9 @@ import mlx.core as mx
 
 from engine.loading.default_model import ensure_default_model
 from engine.loading.target import load_target
+from engine.native import attention
 from engine.text import apply_chat_template
-from tests.engine.references import cached_plain_greedy
+from tests.engine.references import cached_plain_greedy, plain_greedy
 from tests.engine.smollm2_cases import QUESTIONS
 
 TOKENS = 128
@@ -30,19 +33,23 @@ def main() -> None:
     dirs = {p: ensure_default_model(precision=p) for p in ("float32", "stored")}
     loaded = {p: load_target(str(d))[:2] for p, d in dirs.items()}
     models, tok = {p: m for p, (m, _) in loaded.items()}, loaded["float32"][1]
-    parted = 0
+    parted = {"MLX's attention": 0, "the native attention kernels": 0}
     for i, question in enumerate(QUESTIONS):
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
-        a, b = (cached_plain_greedy(dirs[p], models[p], prompt, TOKENS) for p in ("float32", "stored"))
-        k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if k is None:
-            continue
-        parted += 1
-        ids = prompt + a[:k]
-        print(f"prompt {i}: parts at token {k}; top-2 margin float32 {top2_margin(models['float32'], ids):.5f}, "
-              f"stored {top2_margin(models['stored'], ids):.5f}")
-    print(f"identical greedy text on {len(QUESTIONS) - parted} of {len(QUESTIONS)} prompts ({TOKENS} tokens each)")
-
+        a = cached_plain_greedy(dirs["float32"], models["float32"], prompt, TOKENS)
+        with attention.active(models["stored"]):
+            routed = plain_greedy(models["stored"], prompt, TOKENS)
+        for kind, b in zip(parted, (cached_plain_greedy(dirs["stored"], models["stored"], prompt, TOKENS), routed)):
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if k is None:
+                continue
+            parted[kind] += 1
+            ids = prompt + a[:k]
+            print(f"prompt {i}, stored with {kind}: parts at token {k}; top-2 margin float32 "
+                  f"{top2_margin(models['float32'], ids):.5f}, stored {top2_margin(models['stored'], ids):.5f}")
+    for kind, n in parted.items():
+        print(f"stored with {kind}: identical greedy text on {len(QUESTIONS) - n} of {len(QUESTIONS)} prompts "
+              f"({TOKENS} tokens each)")
 
 if __name__ == "__main__":
     main()
