@@ -323,10 +323,10 @@ class FewRowAttention : public mx::UnaryPrimitive {
                                       {static_cast<int64_t>(v.strides(0)), static_cast<int64_t>(v.strides(1)),
                                        static_cast<int64_t>(v.strides(2)), static_cast<int64_t>(v.strides(3))},
                                       scale_};
-    int64_t units = q.size() / q.shape(3);
+    int64_t units = static_cast<int64_t>(q.shape(0)) * k.shape(1) * q.shape(2);  // (batch, key head, query row)
     int threads = threads_;
     encoder.dispatch([=]() {
-      split(units, 1, 4, threads, [&](int64_t u0, int64_t u1, bool wide) {
+      split(units, 1, 1, threads, [&](int64_t u0, int64_t u1, bool wide) {
         if (wide)
           dspark_native::avx512::few_row_attention(args, u0, u1);
         else
