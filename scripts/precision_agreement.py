@@ -51,5 +51,6 @@ def main() -> None:
         print(f"stored with {kind}: identical greedy text on {len(QUESTIONS) - n} of {len(QUESTIONS)} prompts "
               f"({TOKENS} tokens each)")
 
+
 if __name__ == "__main__":
     main()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from engine import backend
+
 PANEL = 16  # outputs per panel of a packed weight (panel.inc)
 
 REASON: str | None = None
@@ -42,6 +44,12 @@ def build_is_current() -> bool:
 def write_stamp() -> None:
     """Record that the module in place was just built from these sources for this MLX."""
     STAMP.write_text(source_stamp() + "\n")
+
+
+def kernel_threads() -> int:
+    """Threads for a kernel call: the BLAS's, which the engine sets per phase (decode rounds may
+    run at one thread, engine/costs.py)."""
+    return backend.current_blas_threads() or 1
 
 
 def load():

@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import base as mlx_lm_base
 
-from engine import backend
+from engine import native
 
 # Rows from which a forward's attention is BLAS products around the softmax kernel rather than
 # few_row_attention: above any verify round (a cap of at most 16 drafts plus the anchor), so that
@@ -43,7 +43,7 @@ def causal_attention(queries: mx.array, keys: mx.array, values: mx.array, scale:
     kv_heads, s = keys.shape[1], keys.shape[2]
     grouped = (queries * scale).reshape(b, kv_heads, (h // kv_heads) * rows, d)  # [B, Hkv, rep*L, D]
     scores = (grouped @ keys.swapaxes(-1, -2)).reshape(b, kv_heads, h // kv_heads, rows, s)  # [B, Hkv, rep, L, S]
-    weights = ext.causal_softmax(scores, s - rows, backend.current_blas_threads() or 1)
+    weights = ext.causal_softmax(scores, s - rows, native.kernel_threads())
     return (weights.reshape(b, kv_heads, -1, s) @ values).reshape(b, h, rows, -1)
 
 
@@ -86,7 +86,7 @@ def _routed(original, ext):
                 and queries.shape[1] % keys.shape[1] == 0):
             if rows >= MIN_ROWS:
                 return causal_attention(queries, keys, values, scale, ext)
-            return ext.few_row_attention(queries, keys, values, scale, backend.current_blas_threads() or 1)
+            return ext.few_row_attention(queries, keys, values, scale, native.kernel_threads())
         return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks, **kwargs)
 
     setattr(scaled_dot_product_attention, _MARK, True)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import backend, native
+from engine import native
 from engine.native.attention import route_attention
 
 
@@ -32,7 +32,7 @@ class PackedLinear(nn.Module):
         self._ext = ext
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self._ext.packed_linear(x, self.packed, self.out_features, _threads())
+        return self._ext.packed_linear(x, self.packed, self.out_features, native.kernel_threads())
 
 
 class QuantizedPanelLinear(nn.Module):
@@ -50,7 +50,7 @@ class QuantizedPanelLinear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self._ext.quantized_linear(x, self.codes, self.scales, self.biases, self.out_features,
-                                          self.bits, self.group_size, _threads())
+                                          self.bits, self.group_size, native.kernel_threads())
 
 
 class QuantizedPanelEmbedding(nn.Module):
@@ -69,12 +69,6 @@ class QuantizedPanelEmbedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self.head(x)
-
-
-def _threads() -> int:
-    # The kernels' threads follow the BLAS's: the engine sets those per phase (decode rounds may
-    # run at one thread, engine/costs.py).
-    return backend.current_blas_threads() or 1
 
 
 def requested() -> bool | None:
@@ -128,7 +122,7 @@ def use_native(model: nn.Module) -> tuple[bool, str | None]:
         return False, f"native panel kernel ({ext.instruction_set()}): 0 linear products routed"
     layers = route_attention(model, ext)
     return True, (f"native panel kernel ({ext.instruction_set()}): {count} linear products routed, "
-                  f"prompt-chunk attention of {layers} layers")
+                  f"attention of {layers} layers")
 
 
 def _has_quantized(model: nn.Module) -> bool:

@@ -93,6 +93,16 @@ void qpacked_gemm(const float* x, int64_t R, int64_t K, int64_t G, int bits, con
   });
 }
 
+// The start of every primitive's eval_cpu here: allocate the output and register the arrays
+// with the stream's CPU encoder, which then dispatches the kernel after the ops before it.
+mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
 // x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
 // packed_n outputs, else w is [N, K] as it is.
 class SkinnyLinear : public mx::UnaryPrimitive {
@@ -107,11 +117,7 @@ class SkinnyLinear : public mx::UnaryPrimitive {
     if (!x.flags().row_contiguous || (packed ? !w.flags().row_contiguous : w.strides(1) != 1))
       throw std::runtime_error("skinny_linear: x must be row-contiguous, w have unit column stride (packed: be "
                                "row-contiguous)");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_output_array(out);
+    auto& encoder = begin_eval(stream(), inputs, out);
     int64_t K = w.shape(1), threads = threads_;
     const float* xp = x.data<float>();
     const float* wp = w.data<float>();
@@ -158,10 +164,7 @@ class QuantizedPanelLinear : public mx::UnaryPrimitive {
     for (const auto& a : inputs)
       if (!a.flags().row_contiguous) throw std::runtime_error("quantized_linear: inputs must be row-contiguous");
     const mx::array &x = inputs[0], &qp = inputs[1], &sp = inputs[2], &bp = inputs[3];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin_eval(stream(), inputs, out);
     int64_t K = x.shape(-1), R = x.size() / K, P = qp.shape(0), N = n_, G = group_;
     int bits = bits_, threads = threads_;
     const float* xp = x.data<float>();
@@ -255,10 +258,7 @@ class CausalSoftmax : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& s = inputs[0];
     if (!s.flags().row_contiguous) throw std::runtime_error("causal_softmax: scores must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(s);
-    encoder.set_output_array(out);
+    auto& encoder = begin_eval(stream(), inputs, out);
     int64_t S = s.shape(-1), L = s.shape(-2), rows = s.size() / S, offset = offset_;
     int threads = threads_;
     const float* sp = s.data<float>();
@@ -312,10 +312,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
     if (!q.flags().row_contiguous) throw std::runtime_error("few_row_attention: q must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin_eval(stream(), inputs, out);
     dspark_native::AttentionArgs args{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                       q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3),
                                       {static_cast<int64_t>(k.strides(0)), static_cast<int64_t>(k.strides(1)),

@@ -248,7 +248,7 @@ def test_doctor_reports_the_linear_path(ext):
     assert megabytes["stored"] <= 130 and megabytes["float32"] > 4 * megabytes["stored"], megabytes
 
 
-# ---------------------------------------------------------------- prompt-chunk attention (softmax.inc)
+# ---------------------------------------------------------------- attention (softmax.inc)
 
 def _masked_softmax(s: mx.array, offset: int) -> mx.array:
     """MLX's softmax of scores [..., L, S] with the keys after each query (row i at offset + i) masked."""
