@@ -77,11 +77,16 @@ def active(model) -> Iterator[None]:
         _state.on = before
 
 
+def routed_here() -> bool:
+    """Whether a routed model's forward runs on this thread now (inside `active`)."""
+    return getattr(_state, "on", False)
+
+
 def _routed(original, ext):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
         rows = queries.shape[2]
         causal = (isinstance(mask, str) and mask == "causal") or (mask is None and rows == 1)
-        if (getattr(_state, "on", False) and causal and sinks is None and not kwargs and not hasattr(cache, "bits")
+        if (routed_here() and causal and sinks is None and not kwargs and not hasattr(cache, "bits")
                 and queries.dtype == keys.dtype == values.dtype == mx.float32
                 and queries.shape[1] % keys.shape[1] == 0):
             if rows >= MIN_ROWS:

@@ -120,9 +120,12 @@ def use_native(model: nn.Module) -> tuple[bool, str | None]:
     count = route_linears(model, ext, quantized_only=asked is None)
     if not count:
         return False, f"native panel kernel ({ext.instruction_set()}): 0 linear products routed"
+    from engine.native.layer import route_layers  # layer.py builds on this module's classes
+
     layers = route_attention(model, ext)
+    fused = route_layers(model, ext)
     return True, (f"native panel kernel ({ext.instruction_set()}): {count} linear products routed, "
-                  f"attention of {layers} layers")
+                  f"attention of {layers} layers, {fused} layers in three calls")
 
 
 def _has_quantized(model: nn.Module) -> bool:

@@ -16,12 +16,18 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -102,6 +108,8 @@ mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::arr
   encoder.set_output_array(out);
   return encoder;
 }
+
+#include "layer.inc"
 
 // x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
 // packed_n outputs, else w is [N, K] as it is.
@@ -388,6 +396,15 @@ NB_MODULE(_native, m) {
   m.def("causal_softmax", &causal_softmax, "s"_a, "offset"_a, "threads"_a = 1,
         "Softmax over the last axis of float32 attention scores s [..., L, S], row r being query r % L "
         "at key position offset + r % L: the keys after it get weight 0 (CPU only).");
+  m.def("llama_attention_in", &llama_attention_in, "x"_a, "norm"_a, "eps"_a, "q"_a, "k"_a, "v"_a, "heads"_a,
+        "kv_heads"_a, "head_dim"_a, "rope_base"_a, "rope_scale"_a, "offset"_a, "threads"_a = 1,
+        "A llama layer up to its KV cache, for float32 x [B, L, E]: RMSNorm, the q/k/v products (each "
+        "(codes, scales, biases, n, bits, group_size) as pack_quantized holds it) and RoPE at positions "
+        "offset + l: [q [B, H, L, D], k [B, Hkv, L, D], v [B, Hkv, L, D]] (CPU only).");
+  m.def("llama_attention_out", &llama_attention_out, "a"_a, "x"_a, "o"_a, "norm"_a, "eps"_a, "gate"_a, "up"_a,
+        "down"_a, "threads"_a = 1,
+        "The rest of a llama layer after attention a [B, H, L, D] with residual x [B, L, E]: "
+        "h = x + o(a), then h + down(silu(gate(n)) * up(n)) with n = RMSNorm(h) (CPU only).");
   m.def("cpu_supported", &cpu_supported, "Whether this CPU has the AVX2, FMA and F16C the kernel needs.");
   m.def("instruction_set", []() { return has_avx512() ? "avx512" : "avx2"; }, "The kernel build in use.");
 }

@@ -1,6 +1,6 @@
 """Losslessness at stored precision (issue 25): test_lossless.py's exact-distribution test on a
-4-bit target whose products all run through the native kernel's quantized panels, and a negative
-control. The exact law is computed on the same routed target, so the test is about the rounds,
+4-bit target whose products all run through the native kernel's quantized panels, its attention
+and layers through the native calls, and a negative control. The exact law is computed on the same routed target, so the test is about the rounds,
 not about how close 4 bits come to float32."""
 
 import mlx.core as mx
@@ -10,6 +10,8 @@ import pytest
 from engine import native
 from engine.api import SpecStats
 from engine.models.target import Target
+from engine.native.attention import route_attention
+from engine.native.layer import route_layers
 from engine.native.linear import QuantizedPanelLinear, route_linears
 from engine.samplers import make_sampler
 from engine.scheduler import Scheduler
@@ -35,6 +37,9 @@ def quantized_target() -> Target:
             module.biases = module.biases.astype(mx.float16).astype(mx.float32)
     route_linears(model, ext, quantized_only=True)
     assert sum(isinstance(m, QuantizedPanelLinear) for _, m in model.named_modules()) == tiny.TARGET_LAYERS * 7 + 1
+    # Attention and layers as `--precision stored` routes them (engine.native.linear.use_native).
+    assert route_attention(model, ext) == tiny.TARGET_LAYERS
+    assert route_layers(model, ext) == tiny.TARGET_LAYERS
     return Target(model, tuple(fx.TAPS))
 
 

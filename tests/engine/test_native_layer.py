@@ -1,0 +1,144 @@
+"""engine/native/layer.py (layer.inc): mlx-lm llama layers of quantized panels in three native calls.
+
+A tiny random llama quantized to 4 and 8 bits, every product, its attention and its layers routed as
+`--precision stored` routes the default model: the fused layers equal mlx-lm's own within float
+rounding, rows of a round equal the same rows decoded alone bit for bit, they run in every layer
+inside a Target and in none outside it, and layers they do not fit keep mlx-lm's path.
+"""
+
+import dataclasses
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+import engine.native as native
+from engine.models.target import Target
+from engine.native import attention
+from engine.native.attention import route_attention
+from engine.native.layer import route_layers
+from engine.native.linear import route_linears
+from tests.engine import tiny
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = native.load()
+    if module is None:
+        pytest.skip(native.REASON)
+    return module
+
+
+def quantized_llama(ext, bits: int, route: bool = True) -> nn.Module:
+    """`tiny.tiny_target_model` quantized (float16-exact scales and biases, as GGUF files hold them),
+    its products, attention and (with `route`) its layers routed."""
+    model = tiny.tiny_target_model(seed=11, vocab=VOCAB, scale=2.0)
+    nn.quantize(model, group_size=32, bits=bits)
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            module.scales = module.scales.astype(mx.float16).astype(mx.float32)
+            module.biases = module.biases.astype(mx.float16).astype(mx.float32)
+    route_linears(model, ext, quantized_only=True)
+    route_attention(model, ext)
+    if route:
+        assert route_layers(model, ext) == tiny.TARGET_LAYERS
+    return model
+
+
+def _rel_err(a: mx.array, b: mx.array) -> float:
+    return float(mx.max(mx.abs(a - b)).item() / max(float(mx.max(mx.abs(b)).item()), 1e-30))
+
+
+def forwards(target: Target, chunks: list[list[int]], routed: bool) -> list[mx.array]:
+    """Logits of each chunk in turn over one cache, with the routed path on or off (as if the
+    routing had not run: mlx-lm's layers and attention)."""
+    setattr(target.model, attention._MARK, routed)
+    try:
+        cache = target.make_cache()
+        out = [target.logits(mx.array([chunk]), cache) for chunk in chunks]
+        mx.eval(out)
+        return out
+    finally:
+        setattr(target.model, attention._MARK, True)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fused_layers_equal_mlx_lms_layers(ext, bits):
+    """A prompt chunk of 70 rows (the causal-softmax path), decode steps and a round of 5 through
+    the fused layers equal mlx-lm's layers within 1e-5 of the logits' largest magnitude."""
+    target = Target(quantized_llama(ext, bits))
+    chunks = [[(13 * i) % VOCAB for i in range(70)], [5], [17], [3, 1, 4, 1, 5]]
+    fused, reference = forwards(target, chunks, True), forwards(target, chunks, False)
+    for i, (a, b) in enumerate(zip(fused, reference)):
+        assert not mx.array_equal(a, b).item() or i == 0  # the kernels ran (rounding differs somewhere)
+        assert _rel_err(a, b) < 1e-5, (i, _rel_err(a, b))
+
+
+def test_round_rows_equal_rows_decoded_alone(ext):
+    """Rows verified together are bit-identical to the same rows decoded one at a time (taps too)."""
+    target = Target(quantized_llama(ext, 4), (1, 3))
+    prompt, round_ids = [(7 * i) % VOCAB for i in range(20)], [9, 8, 7, 6, 5]
+
+    def after_prompt():
+        cache = target.make_cache()
+        target.forward(mx.array([prompt]), cache)
+        return cache
+
+    together, taps = target.forward(mx.array([round_ids]), after_prompt())
+    cache = after_prompt()
+    alone = [target.forward(mx.array([[t]]), cache) for t in round_ids]
+    for i, (logits, tap) in enumerate(alone):
+        assert mx.array_equal(together[0, i], logits[0, 0]).item(), i
+        assert mx.array_equal(taps[0, i], tap[0, 0]).item(), i
+
+
+def test_fused_calls_run_in_every_layer_inside_a_target_only(ext):
+    """Inside a Target's forward every layer makes the two calls; the model called directly makes none."""
+    model = quantized_llama(ext, 4)
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(name)
+                return getattr(ext, name)(*args)
+            return call
+
+    for layer in model.model.layers:
+        object.__setattr__(layer, "_dspark_fused", dataclasses.replace(layer._dspark_fused, ext=Spy()))
+    Target(model).logits(mx.array([[1, 2, 3]]), Target(model).make_cache())
+    assert calls == ["llama_attention_in", "llama_attention_out"] * tiny.TARGET_LAYERS
+    calls.clear()
+    mx.eval(model(mx.array([[1, 2, 3]])))
+    assert calls == []
+
+
+def test_layers_the_calls_do_not_fit_keep_mlx_lms_layer(ext):
+    """float32 products (packed panels), or a traditional RoPE, leave a layer on mlx-lm's path."""
+    model = tiny.tiny_target_model(seed=11, vocab=VOCAB)
+    route_linears(model, ext)  # float32 panels
+    assert route_layers(model, ext) == 0
+    model = quantized_llama(ext, 4, route=False)
+    model.model.layers[0].self_attn.rope.traditional = True
+    assert route_layers(model, ext) == tiny.TARGET_LAYERS - 1
+    assert not hasattr(model.model.layers[0], "_dspark_fused")
+
+
+def test_bad_layer_inputs_are_refused(ext):
+    """Head counts that do not match the products, or products that do not chain, raise."""
+    model = quantized_llama(ext, 4)
+    f = model.model.layers[0]._dspark_fused
+    x = mx.zeros((1, 2, tiny.HIDDEN))
+    with pytest.raises(ValueError):
+        ext.llama_attention_in(x, f.norm_in, f.eps_in, f.q, f.k, f.v, f.heads + 1, f.kv_heads, f.head_dim,
+                               f.rope_base, f.rope_scale, 0)
+    with pytest.raises(ValueError):  # k's product where q's belongs
+        ext.llama_attention_in(x, f.norm_in, f.eps_in, f.k, f.k, f.v, f.heads, f.kv_heads, f.head_dim,
+                               f.rope_base, f.rope_scale, 0)
+    a = mx.zeros((1, f.heads, 2, f.head_dim))
+    with pytest.raises(ValueError):  # up's product where down's belongs
+        ext.llama_attention_out(a, x, f.o, f.norm_out, f.eps_out, f.gate, f.up, f.up)
+    with pytest.raises(ValueError):
+        ext.llama_attention_out(a, x.astype(mx.float16), f.o, f.norm_out, f.eps_out, f.gate, f.up, f.down)
