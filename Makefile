@@ -19,7 +19,7 @@ doctor: bootstrap
 	$(VENV)/bin/dspark doctor
 
 # The API contract with larger Schemathesis budgets than `make test` (tests/server/test_contract.py):
-# about 10x the cases over the fake engine and 4x against `dspark serve` on the default model.
+# 20x the cases over the fake engine and 6x against `dspark serve` on the default model.
 CONTRACT_EXAMPLES ?= 1000
 CONTRACT_REAL_EXAMPLES ?= 60
 contract: bootstrap

@@ -53,6 +53,11 @@ def gemma_drafter(tmp_path_factory):
     return tg.gemma_dspark_drafter(tmp_path_factory.mktemp("gemma4-dspark"))
 
 
+# Drafter layouts that are not the Gemma-4 checkpoint's: the round machinery they share is the
+# same, so they run over fewer prompts.
+EXTRA_LAYOUTS = ("qwen3-dspark-cap1", "dflash-cap2")
+
+
 @pytest.fixture(scope="module")
 def drafters(gemma_drafter, model):
     """Every mode: baseline, lookup, DSpark with the Gemma-4 layout's drafter and a Qwen3-layout one, and
@@ -68,12 +73,14 @@ def drafters(gemma_drafter, model):
 
 def test_greedy_equals_mlx_vlm_generation(model, reference, drafters):
     """10 prompts x 64 tokens: every mode's greedy output is mlx-vlm's (ties reported), round
-    invariants hold, and rounds did roll back across the window edge."""
+    invariants hold, and rounds did roll back across the window edge. The two drafter layouts
+    beside the Gemma-4 one (EXTRA_LAYOUTS) take the first 3 prompts."""
     target = tg.gemma_target(model)
     target.check_taps()
     rolled_back = 0
     for name, (drafter, cap) in drafters.items():
-        for prompt, expected in zip(PROMPTS, reference):
+        cases = list(zip(PROMPTS, reference))[: 3 if name in EXTRA_LAYOUTS else None]
+        for prompt, expected in cases:
             dec = make_decoder(target, drafter, cap)
             got = run(dec, prompt, TOKENS)
             assert_same_or_tie(target, prompt, expected, got, f"{name} {prompt}")

@@ -174,7 +174,7 @@ def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, float32
     from engine.spec import DecodeOptions, SpecDecoder
     from engine.text import apply_chat_template
     from tests.engine import tiny
-    from tests.engine.references import cached_plain_greedy, plain_greedy
+    from tests.engine.references import cached_plain_greedy
     from tests.engine.smollm2_cases import QUESTIONS
 
     model, tok = routed_smollm2
@@ -182,7 +182,7 @@ def test_routed_target_speculates_exactly_its_own_greedy(routed_smollm2, float32
     target = Target(model, (2, 14, 26))
     for i, question in enumerate(QUESTIONS[:2]):
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
-        own = plain_greedy(model, prompt, 40)
+        own = cached_plain_greedy(float32_model_dir, model, prompt, 40)  # keyed by the routed products
         drafter = tiny.OracleDrafter(target, reference=prompt + own, corrupt_every=(3, 4)[i], vocab=49152)
         opts = DecodeOptions(make_sampler(SamplerSettings(), "rejection", 0), stop_ids=frozenset())
         dec = SpecDecoder(target, drafter, Scheduler(4), opts, SpecStats(mode="dspark", cap=4))
@@ -503,7 +503,7 @@ def test_panel_embedding_rows_equal_mlx_lookups(stored_smollm2, monkeypatch):
     assert mx.array_equal(stored_smollm2[0].model.embed_tokens(ids), plain.model.embed_tokens(ids)).item()
 
 
-def test_stored_precision_is_lossless_across_modes(stored_smollm2):
+def test_stored_precision_is_lossless_across_modes(stored_smollm2, default_model_dir):
     """At stored precision, speculative rounds (a corrupted replay of the model's own greedy: mixed
     acceptance, rejections, bonus tokens) and lookup drafting both give the model's plain greedy
     token for token: verify rows through the kernel are bit-identical to decode rows."""
@@ -516,7 +516,7 @@ def test_stored_precision_is_lossless_across_modes(stored_smollm2):
     from engine.spec import DecodeOptions, SpecDecoder
     from engine.text import apply_chat_template
     from tests.engine import tiny
-    from tests.engine.references import plain_greedy
+    from tests.engine.references import cached_plain_greedy
     from tests.engine.smollm2_cases import QUESTIONS
 
     model, tok = stored_smollm2
@@ -525,7 +525,8 @@ def test_stored_precision_is_lossless_across_modes(stored_smollm2):
                                                                           "the cat sat on the mat, the cat sat"}]))
     lookup_accepted = 0
     for i, prompt in enumerate(prompts):
-        own = plain_greedy(model, prompt, 40)
+        # The 128-token entries test_smollm2_spec.py reads for the same model and questions.
+        own = cached_plain_greedy(default_model_dir, model, prompt, 128)[:40]
         target = Target(model, (2, 14, 26))
         drafters = {"dspark": tiny.OracleDrafter(target, reference=prompt + own, corrupt_every=(3, 4, 7)[i], vocab=49152),
                     "lookup": LookupDrafter()}

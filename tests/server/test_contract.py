@@ -35,8 +35,8 @@ from tests.server.fake_engine import IMAGE_TOKEN_ID, INFO, FakeEngine
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "server" / "schemathesis.toml"
 SEED = 42
-FAKE_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_EXAMPLES", "100"))
-REAL_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_REAL_EXAMPLES", "15"))
+FAKE_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_EXAMPLES", "50"))
+REAL_EXAMPLES = int(os.environ.get("DSPARK_CONTRACT_REAL_EXAMPLES", "10"))
 # Against the real engine, strings of valid bodies are cut to this many characters (and arrays to
 # 3 items, contract_hooks.py): a fuzzed prompt of thousands of tokens costs tens of seconds of prefill.
 REAL_MAX_CHARS = 200
