@@ -22,9 +22,10 @@ TOL = 1e-4
 TOP = 5
 
 
-def raw_logprobs(model, prompt, out) -> np.ndarray:
-    """Reference [n, V]: float64 log-softmax of one uncached forward of prompt + out, row i scoring out[i]."""
-    logits = np.array(model(mx.array([prompt + out]))[0, len(prompt) - 1 : -1]).astype(np.float64)  # [n, V]
+def raw_logprobs(target, prompt, out) -> np.ndarray:
+    """Reference [n, V]: float64 log-softmax of one uncached forward of prompt + out through the same
+    target (its native kernels too, where it has them), row i scoring out[i]."""
+    logits = np.array(target.logits(mx.array([prompt + out]))[0, len(prompt) - 1 : -1]).astype(np.float64)  # [n, V]
     top = logits.max(axis=-1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
 
@@ -70,7 +71,7 @@ def test_speculative_logprobs_equal_baseline_and_reference(smollm2, procs):
     prompt = apply_chat_template(tok, [{"role": "user", "content": QUESTIONS[3]}])
     base, _, base_lps = decode(target, prompt, 32, procs, logprobs=TOP)
     assert len(base_lps) == len(base) and all(len(top) == TOP for _, top in base_lps)
-    ref = as_reference(raw_logprobs(target.model, prompt, base), base)
+    ref = as_reference(raw_logprobs(target, prompt, base), base)
     assert_logprobs_match(base_lps, ref, base, "baseline vs uncached forward")
     if procs.active:
         assert base[0] != 504 and base_lps[0][1][0][0] == 504  # raw: the banned token still ranks first
@@ -137,7 +138,7 @@ def test_request_loop_logprobs_are_the_targets(tokenizer, temperature):
     for mode in ("dspark", "baseline"):
         events, _ = generate(tiny_runtime(tokenizer, target, mode), max_tokens=16, temperature=temperature, seed=3)
         ids = [t for e in events for t in e.token_ids]
-        rows = raw_logprobs(target.model, [5, 6, 7], ids)  # [n, V]
+        rows = raw_logprobs(target, [5, 6, 7], ids)  # [n, V]
         got = [x for e in events for x in e.logprobs]
         for i, x in enumerate(got):
             assert abs(x.logprob - rows[i, ids[i]]) <= TOL, (mode, i)
