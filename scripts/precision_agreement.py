@@ -2,7 +2,7 @@
 "agreement with float32"): over the greedy-equivalence prompts (tests/engine/smollm2_cases.py),
 128 tokens each, where the two first part and each model's top-2 logit margin there. The stored
 model is decoded twice: with MLX's attention (the model called directly), and as the engine runs it,
-with the native attention kernels (engine/native/attention.py).
+with the native attention kernels and layers (engine/native/attention.py, layer.py).
 
 Run from the repository root: `PYTHONPATH=. .venv/bin/python scripts/precision_agreement.py`
 (both conversions are prepared on first use; the decodes are cached like the tests' references).
@@ -33,7 +33,7 @@ def main() -> None:
     dirs = {p: ensure_default_model(precision=p) for p in ("float32", "stored")}
     loaded = {p: load_target(str(d))[:2] for p, d in dirs.items()}
     models, tok = {p: m for p, (m, _) in loaded.items()}, loaded["float32"][1]
-    parted = {"MLX's attention": 0, "the native attention kernels": 0}
+    parted = {"MLX's attention": 0, "the native attention kernels and layers": 0}
     for i, question in enumerate(QUESTIONS):
         prompt = apply_chat_template(tok, [{"role": "user", "content": question}])
         a = cached_plain_greedy(dirs["float32"], models["float32"], prompt, TOKENS)
