@@ -9,5 +9,10 @@ VENV=$(cd "${DSPARK_VENV:-.venv}" && pwd)
 BUILD=${DSPARK_NATIVE_BUILD:-build/native}
 cmake -S engine/native -B "$BUILD" -DPython_EXECUTABLE="$VENV/bin/python" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j "${DSPARK_NATIVE_JOBS:-2}" >/dev/null
-cp "$BUILD"/_native*.so engine/native/
+# A new file moved into place, not the old one overwritten: a running server or trainer keeps the
+# library it mapped.
+for lib in "$BUILD"/_native*.so; do
+  cp "$lib" "engine/native/.$(basename "$lib").tmp"
+  mv -f "engine/native/.$(basename "$lib").tmp" "engine/native/$(basename "$lib")"
+done
 echo "built $(ls engine/native/_native*.so)"
