@@ -109,6 +109,32 @@ mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::arr
   return encoder;
 }
 
+// An operand as a primitive here reads it: `a` itself where it is already evaluated and
+// row-contiguous (weights, always), else a contiguous-copy op (a lazy array's layout is unknown
+// until it is evaluated; the op shares the buffer when it turns out contiguous). An op a weight
+// saves matters: each costs a dispatch and an allocation at every forward.
+mx::array row_contiguous(const mx::array& a, mx::Stream s) {
+  return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
+}
+
+// `a`'s float32 elements in row-major order, read inside a dispatched task (the data is ready
+// then): its own buffer where it is row-contiguous, else a copy into `scratch` walked through its
+// strides. So a primitive can take a lazy activation as it comes, without a contiguous-copy op
+// (whose layout is only known once evaluated) in front of it at every forward.
+const float* row_major(const mx::array& a, std::vector<float>& scratch) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  const float* base = a.data<float>();
+  scratch.resize(a.size());
+  std::vector<int64_t> index(a.ndim(), 0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t at = 0;
+    for (size_t d = 0; d < index.size(); ++d) at += index[d] * a.strides(d);
+    scratch[i] = base[at];
+    for (int d = static_cast<int>(index.size()) - 1; d >= 0 && ++index[d] == a.shape(d); --d) index[d] = 0;
+  }
+  return scratch.data();
+}
+
 #include "layer.inc"
 
 // x @ w.T on the CPU; `packed_n` >= 0: w is packed in panels [P, K, 16] (pack_panels) for
@@ -169,18 +195,20 @@ class QuantizedPanelLinear : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(stream), n_(n), bits_(bits), group_(group), threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs)
-      if (!a.flags().row_contiguous) throw std::runtime_error("quantized_linear: inputs must be row-contiguous");
+    for (size_t i = 1; i < inputs.size(); ++i)
+      if (!inputs[i].flags().row_contiguous) throw std::runtime_error("quantized_linear: weights must be row-contiguous");
     const mx::array &x = inputs[0], &qp = inputs[1], &sp = inputs[2], &bp = inputs[3];
     auto& encoder = begin_eval(stream(), inputs, out);
     int64_t K = x.shape(-1), R = x.size() / K, P = qp.shape(0), N = n_, G = group_;
     int bits = bits_, threads = threads_;
-    const float* xp = x.data<float>();
     const uint8_t* codes = qp.data<uint8_t>();
     const auto* scales = reinterpret_cast<const uint16_t*>(sp.data<mx::float16_t>());
     const auto* biases = reinterpret_cast<const uint16_t*>(bp.data<mx::float16_t>());
     float* op = out.data<float>();
-    encoder.dispatch([=]() { qpacked_gemm(xp, R, K, G, bits, codes, scales, biases, P, op, N, threads); });
+    encoder.dispatch([=]() {
+      std::vector<float> scratch;
+      qpacked_gemm(row_major(x, scratch), R, K, G, bits, codes, scales, biases, P, op, N, threads);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -216,7 +244,7 @@ mx::array skinny_linear(const mx::array& x, const mx::array& w, int threads) {
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
   return mx::array(shape, mx::float32, std::make_shared<SkinnyLinear>(s, threads),
-                   {mx::contiguous(x, false, s), w});
+                   {row_contiguous(x, s), w});
 }
 
 // x [..., K] @ w.T for w packed by pack_panels: wp [P, K, 16] holding n outputs (n <= 16 P).
@@ -230,7 +258,7 @@ mx::array packed_linear(const mx::array& x, const mx::array& wp, int64_t n, int 
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(n);
   return mx::array(shape, mx::float32, std::make_shared<SkinnyLinear>(s, threads, n),
-                   {mx::contiguous(x, false, s), mx::contiguous(wp, false, s)});
+                   {row_contiguous(x, s), row_contiguous(wp, s)});
 }
 
 // x [..., K] @ w.T for w quantized (affine, `bits` 4 or 8, group size `group`) and packed by
@@ -252,8 +280,8 @@ mx::array quantized_linear(const mx::array& x, const mx::array& qp, const mx::ar
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(n);
   return mx::array(shape, mx::float32, std::make_shared<QuantizedPanelLinear>(s, n, bits, group, threads),
-                   {mx::contiguous(x, false, s), mx::contiguous(qp, false, s), mx::contiguous(sp, false, s),
-                    mx::contiguous(bp, false, s)});
+                   {x, row_contiguous(qp, s), row_contiguous(sp, s),
+                    row_contiguous(bp, s)});
 }
 
 // Softmax over the last axis of attention scores s [..., L, S] (contiguous), row r being query
@@ -306,7 +334,7 @@ mx::array causal_softmax(const mx::array& s, int64_t offset, int threads) {
   if (s.ndim() < 2 || offset < 0) throw std::invalid_argument("causal_softmax: scores [..., L, S] and offset >= 0");
   mx::Stream st = mx::to_stream(mx::Device::cpu);
   return mx::array(s.shape(), mx::float32, std::make_shared<CausalSoftmax>(st, offset, threads),
-                   {mx::contiguous(s, false, st)});
+                   {row_contiguous(s, st)});
 }
 
 // softmax(q k^T * scale, causal) v for a few query rows: q [B, H, L, D] (the last L positions of
@@ -319,9 +347,8 @@ class FewRowAttention : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
-    if (!q.flags().row_contiguous) throw std::runtime_error("few_row_attention: q must be row-contiguous");
     auto& encoder = begin_eval(stream(), inputs, out);
-    dspark_native::AttentionArgs args{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+    dspark_native::AttentionArgs args{nullptr, k.data<float>(), v.data<float>(), out.data<float>(),
                                       q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3),
                                       {static_cast<int64_t>(k.strides(0)), static_cast<int64_t>(k.strides(1)),
                                        static_cast<int64_t>(k.strides(2)), static_cast<int64_t>(k.strides(3))},
@@ -331,11 +358,14 @@ class FewRowAttention : public mx::UnaryPrimitive {
     int64_t units = static_cast<int64_t>(q.shape(0)) * k.shape(1) * q.shape(2);  // (batch, key head, query row)
     int threads = threads_;
     encoder.dispatch([=]() {
+      std::vector<float> scratch;
+      dspark_native::AttentionArgs with_q = args;
+      with_q.q = row_major(q, scratch);
       split(units, 1, 1, threads, [&](int64_t u0, int64_t u1, bool wide) {
         if (wide)
-          dspark_native::avx512::few_row_attention(args, u0, u1);
+          dspark_native::avx512::few_row_attention(with_q, u0, u1);
         else
-          dspark_native::avx2::few_row_attention(args, u0, u1);
+          dspark_native::avx2::few_row_attention(with_q, u0, u1);
       });
     });
   }
@@ -369,7 +399,7 @@ mx::array few_row_attention(const mx::array& q, const mx::array& k, const mx::ar
                                 "Hkv and L <= S expected");
   mx::Stream st = mx::to_stream(mx::Device::cpu);
   return mx::array(q.shape(), mx::float32, std::make_shared<FewRowAttention>(st, scale, threads),
-                   {mx::contiguous(q, false, st), k, v});
+                   {q, k, v});
 }
 
 bool cpu_supported() {

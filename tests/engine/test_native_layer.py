@@ -142,3 +142,36 @@ def test_bad_layer_inputs_are_refused(ext):
         ext.llama_attention_out(a, x, f.o, f.norm_out, f.eps_out, f.gate, f.up, f.up)
     with pytest.raises(ValueError):
         ext.llama_attention_out(a, x.astype(mx.float16), f.o, f.norm_out, f.eps_out, f.gate, f.up, f.down)
+
+
+def test_strided_activations_are_read_as_they_come(ext):
+    """A lazy activation reaches the kernels without a contiguous-copy op in front of it; one that
+    turns out strided (a transposed view) gives the same result as its contiguous copy."""
+    model = quantized_llama(ext, 4)
+    f = model.model.layers[0]._dspark_fused
+    mx.random.seed(3)
+    base = mx.random.normal((1, tiny.HIDDEN, 3))  # [B, E, L]: its swapaxes is [B, L, E], strided
+    strided, dense = base.swapaxes(1, 2), mx.contiguous(base.swapaxes(1, 2))
+    args = (f.norm_in, f.eps_in, f.q, f.k, f.v, f.heads, f.kv_heads, f.head_dim, f.rope_base, f.rope_scale, 4)
+    for a, b in zip(ext.llama_attention_in(strided, *args), ext.llama_attention_in(dense, *args)):
+        assert mx.array_equal(a, b).item()
+    attn = mx.random.normal((1, 3, f.heads, f.head_dim)).swapaxes(1, 2)  # [B, H, L, D], strided
+    rest = (f.o, f.norm_out, f.eps_out, f.gate, f.up, f.down)
+    assert mx.array_equal(ext.llama_attention_out(attn, strided, *rest),
+                          ext.llama_attention_out(mx.contiguous(attn), dense, *rest)).item()
+    codes, scales, biases, n, bits, group = f.q
+    assert mx.array_equal(ext.quantized_linear(strided, codes, scales, biases, n, bits, group),
+                          ext.quantized_linear(dense, codes, scales, biases, n, bits, group)).item()
+    keys = mx.random.normal((1, f.kv_heads, 7, f.head_dim))
+    assert mx.array_equal(ext.few_row_attention(attn, keys, keys, 0.25),
+                          ext.few_row_attention(mx.contiguous(attn), keys, keys, 0.25)).item()
+    x = mx.random.normal((1, 2, tiny.HIDDEN)) + 1  # lazy
+    assert "Contiguous" not in _graph(ext.llama_attention_in(x, *args)[0])
+
+
+def _graph(array: mx.array) -> str:
+    import io
+
+    out = io.StringIO()
+    mx.export_to_dot(out, array)
+    return out.getvalue()
