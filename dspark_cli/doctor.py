@@ -23,6 +23,7 @@ def collect() -> dict:
     info["mapped_blas"] = backend.mapped_blas_libraries()
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
     info["native"] = native_path()
+    info["wider_units"] = wider_units()
     info["precision"] = default_precision()
     info["warnings"] = warnings(info)
     return info
@@ -53,6 +54,13 @@ def default_model_memory() -> str:
     held = mx.get_active_memory() - before
     return (f"{weight_bytes(model) / 1e6:.1f} MB of weights at {precision} precision "
             f"(MLX holds {held / 1e6:.1f} MB more once it is loaded)")
+
+
+def wider_units() -> str:
+    """The CPU's units wider than AVX-512F, and why the kernels leave them unused."""
+    from engine.native.cpu import wider_units as line
+
+    return line()
 
 
 def native_path() -> str:
@@ -111,6 +119,7 @@ def run(args) -> int:
         ("blas note", info["blas_reason"]),
         ("sgemm 1024^3 fp32", f"{info['sgemm_gflops']} GFLOP/s"),
         ("linear path", info["native"]),
+        ("wider units", info["wider_units"]),
         ("default model", info["precision"]),
         ("its memory", info["memory"]),
     ]
