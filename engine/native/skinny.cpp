@@ -8,7 +8,8 @@
 // The kernels are kernel.inc (skinny_linear), panel.inc (packed_linear: float32 weights repacked in
 // panels), qpanel.inc (quantized_linear: MLX's affine 4- and 8-bit weights in panels) and
 // softmax.inc (causal_softmax, for attention over a prompt chunk), each built for AVX2 and for
-// AVX-512 and chosen at run time.
+// AVX-512 and chosen at run time; layer.inc (a llama layer's two calls around its KV cache) builds
+// on qpanel.inc's entry points.
 //
 // Layout: x [R, K] row-contiguous (R = the product of x's leading dimensions), w [N, K] with unit
 // column stride (an mlx.nn.Linear weight), out [R, N] row-major.
