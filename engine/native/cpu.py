@@ -3,8 +3,8 @@
 
 The kernels multiply in float32 (AVX-512F, else AVX2, chosen at run time in skinny.cpp): their
 contract is products within 1e-4 of MLX's dequantize-and-matmul. VNNI, BF16, FP16 and AMX multiply
-8- or 16-bit activations, which alone moves the default model's products by 2e-4 to 9e-3, so the
-kernels leave them unused and the doctor says so, or says that the OS refuses them.
+8- or 16-bit activations, and that rounding alone moves products past it (measured in
+docs/native.md), so the kernels leave them unused and the doctor says so, or that the OS refuses them.
 """
 
 from __future__ import annotations
@@ -48,5 +48,5 @@ def wider_units(flags: set[str] | None = None, amx: bool | None = None) -> str:
         return "none beyond AVX-512F / AVX2"
     if "amx_tile" in present and (amx_permitted() if amx is None else amx) is False:
         present[present.index("amx_tile")] = "amx_tile (refused by the OS)"
-    return (f"{', '.join(present)}: unused, they multiply 8- or 16-bit activations (2e-4 to 9e-3 from "
-            f"float32 on the default model's products; the kernels keep 1e-4)")
+    return (f"{', '.join(present)}: unused, they multiply 8- or 16-bit activations, past the kernels' "
+            f"1e-4 of float32 (docs/native.md, 'The wider units')")

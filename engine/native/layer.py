@@ -3,8 +3,8 @@
 A routed layer runs `llama_attention_in` (RMSNorm, q/k/v, RoPE), the cache's own update, the
 module's attention (`few_row_attention` or the causal kernel where engine.native.attention routed
 it) and `llama_attention_out` (o, residual, RMSNorm, gate/up, SiLU, down, residual): about six MLX
-ops a layer instead of twenty-odd, whose dispatch and allocation cost a small model's decode step
-about as much as its products (docs/native.md). Like the attention kernels, the fused path runs
+ops a layer instead of twenty-odd, whose dispatch and allocation weigh on a small model's decode
+step (measured in docs/native.md). Like the attention kernels, the fused path runs
 only while a routed `Target`'s forward runs on this thread (`engine.native.attention.active`); the
 model called directly keeps mlx-lm's layer.
 """
