@@ -36,8 +36,10 @@ def amx_permitted() -> bool | None:
     not Linux on x86-64). Asking is how a process gets it; the grant is harmless otherwise."""
     if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    return syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
 
 
 def wider_units(flags: set[str] | None = None, amx: bool | None = None) -> str:

@@ -75,6 +75,9 @@ def _fused(layer: nn.Module, ext) -> _Fused | None:
         return None
     if rope.traditional or rope.dims != attn.head_dim or attn.n_heads % attn.n_kv_heads:
         return None
+    widths = ((attn.q_proj, attn.n_heads), (attn.k_proj, attn.n_kv_heads), (attn.v_proj, attn.n_kv_heads))
+    if any(p.out_features != heads * attn.head_dim for p, heads in widths):
+        return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if not all(type(n) is nn.RMSNorm for n in norms):
         return None
@@ -92,8 +95,10 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     fused = getattr(self, _ATTRIBUTE, None)
     if fused is None or not attention.routed_here() or x.dtype != mx.float32 or x.ndim != 3:
         return _ORIGINAL_CALL(self, x, mask, cache)
-    f, threads = fused, native.kernel_threads()
     offset = cache.offset if cache is not None else 0
+    if not isinstance(offset, int):  # a batch cache's per-sequence offsets
+        return _ORIGINAL_CALL(self, x, mask, cache)
+    f, threads = fused, native.kernel_threads()
     queries, keys, values = f.ext.llama_attention_in(
         x, f.norm_in, f.eps_in, f.q, f.k, f.v, f.heads, f.kv_heads, f.head_dim, f.rope_base, f.rope_scale, offset,
         threads)  # [B, H, L, D], [B, Hkv, L, D] x 2

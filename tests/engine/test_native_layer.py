@@ -175,3 +175,40 @@ def _graph(array: mx.array) -> str:
     out = io.StringIO()
     mx.export_to_dot(out, array)
     return out.getvalue()
+
+
+@pytest.mark.parametrize("width", [70, 9])
+def test_batches_without_a_cache_equal_mlx_lms_layers(ext, width):
+    """Two sequences at once with no cache (the drafter trainer's feature forwards), over the causal
+    kernel's path (70 positions) and few_row_attention's (9): equal to mlx-lm's layers."""
+    target = Target(quantized_llama(ext, 8))
+    ids = mx.array([[(11 * i + 5 * b) % VOCAB for i in range(width)] for b in range(2)])  # [2, width]
+
+    def logits(routed):
+        setattr(target.model, attention._MARK, routed)
+        try:
+            return target.logits(ids)
+        finally:
+            setattr(target.model, attention._MARK, True)
+
+    fused, reference = logits(True), logits(False)
+    assert fused.shape == (2, width, VOCAB)
+    assert _rel_err(fused, reference) < 1e-5
+
+
+@pytest.mark.parametrize("offset", [0, 4000, 8000])
+def test_rope_far_into_the_context(ext, offset):
+    """q and k of `llama_attention_in` against RMSNorm, the product and mlx.nn.RoPE at positions up
+    to 8,000: the kernel's angles are computed in double, MLX's in float32, so they part by about a
+    float32 rounding of the angle (docs/native.md)."""
+    model = quantized_llama(ext, 4)
+    layer = model.model.layers[0]
+    f, attn = layer._dspark_fused, layer.self_attn
+    mx.random.seed(9)
+    x = mx.random.normal((1, 3, tiny.HIDDEN))
+    q, k, _ = ext.llama_attention_in(x, f.norm_in, f.eps_in, f.q, f.k, f.v, f.heads, f.kv_heads, f.head_dim,
+                                     f.rope_base, f.rope_scale, offset)
+    normed = layer.input_layernorm(x)
+    for got, proj, heads in ((q, attn.q_proj, f.heads), (k, attn.k_proj, f.kv_heads)):
+        expected = attn.rope(proj(normed).reshape(1, 3, heads, -1).transpose(0, 2, 1, 3), offset=offset)
+        assert _rel_err(got, expected) < (1e-5 if offset == 0 else 1e-4), (offset, _rel_err(got, expected))
