@@ -68,10 +68,16 @@ class ServeProcess:
         raise AssertionError("server not ready:\n" + "".join(self.output))
 
     def stop(self) -> None:
-        """Kill the server if it still runs."""
+        """Kill the server if it still runs, and reap it. On a loaded machine a killed process can
+        take more than 10 s to be gone (docs/testing.md); past 60 s the error says what state the
+        kernel holds it in."""
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired as exc:
+                raise AssertionError(f"server {self.proc.pid} still there 60 s after SIGKILL: "
+                                     f"{_kernel_state(self.proc.pid)}") from exc
 
 
 class AttachedServer:
@@ -133,6 +139,16 @@ def shared_server(root: Path, free_port: Callable[[], int]) -> Iterator[Attached
                 state.unlink()
             else:
                 state.write_text(json.dumps(current))
+
+
+def _kernel_state(pid: int) -> str:
+    """The State and wait-channel lines the kernel gives for `pid` (Linux), for a stuck process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as exc:
+        return f"unreadable ({exc})"
+    return "; ".join([line for line in status if line.startswith("State")] + [f"wchan {wchan}"])
 
 
 def _kill(pid: int) -> None:
