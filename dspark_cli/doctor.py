@@ -18,12 +18,13 @@ def add_parser(sub) -> None:
 def collect() -> dict:
     """Facts for the report, including a fresh sgemm measurement."""
     from engine import backend
+    from engine.native.cpu import wider_units
 
     info = backend.platform_summary()
     info["mapped_blas"] = backend.mapped_blas_libraries()
     info["sgemm_gflops"] = round(backend.measure_sgemm_gflops(), 1)
     info["native"] = native_path()
-    info["wider_units"] = wider_units()
+    info["wider_units"] = wider_units()  # the CPU's units wider than AVX-512F, and why they are unused
     info["precision"] = default_precision()
     info["warnings"] = warnings(info)
     return info
@@ -54,13 +55,6 @@ def default_model_memory() -> str:
     held = mx.get_active_memory() - before
     return (f"{weight_bytes(model) / 1e6:.1f} MB of weights at {precision} precision "
             f"(MLX holds {held / 1e6:.1f} MB more once it is loaded)")
-
-
-def wider_units() -> str:
-    """The CPU's units wider than AVX-512F, and why the kernels leave them unused."""
-    from engine.native.cpu import wider_units as line
-
-    return line()
 
 
 def native_path() -> str:

@@ -11,7 +11,6 @@ model called directly keeps mlx-lm's layer.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -104,7 +103,8 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
         threads)  # [B, H, L, D], [B, Hkv, L, D] x 2
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
-    # The module's own attention function: engine.native.attention's kernels where it routed them.
-    sdpa = sys.modules[type(self.self_attn).__module__].scaled_dot_product_attention
-    out = sdpa(queries, keys, values, cache=cache, scale=self.self_attn.scale, mask=mask)  # [B, H, L, D]
+    # mlx-lm llama's attention function, looked up now: engine.native.attention's kernels where it
+    # routed them.
+    out = llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.self_attn.scale,
+                                             mask=mask)  # [B, H, L, D]
     return f.ext.llama_attention_out(out, x, f.o, f.norm_out, f.eps_out, f.gate, f.up, f.down, threads)

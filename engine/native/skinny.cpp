@@ -89,25 +89,59 @@ void packed_gemm(const float* x, int64_t R, int64_t K, const float* wp, int64_t 
   });
 }
 
+// Quantized panels [p0, p1) through the build `wide` picks.
+void qpacked_range(bool wide, const float* x, int64_t R, int64_t K, int64_t G, int bits, const uint8_t* qp,
+                   const uint16_t* sp, const uint16_t* bp, float* out, int64_t N, int64_t p0, int64_t p1) {
+  if (wide)
+    dspark_native::avx512::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
+  else
+    dspark_native::avx2::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
+}
+
 // Quantized panels in ranges of multiples of 4 (the AVX-512 build walks two or four at a time).
 void qpacked_gemm(const float* x, int64_t R, int64_t K, int64_t G, int bits, const uint8_t* qp,
                   const uint16_t* sp, const uint16_t* bp, int64_t P, float* out, int64_t N, int threads) {
   split(P, 4, 8, threads, [&](int64_t p0, int64_t p1, bool wide) {
-    if (wide)
-      dspark_native::avx512::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
-    else
-      dspark_native::avx2::gemm_qpacked(x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
+    qpacked_range(wide, x, R, K, G, bits, qp, sp, bp, out, N, p0, p1);
   });
+}
+
+// A weight quantized to `bits` with groups of `group` and packed by pack_quantized (codes qp
+// [P, K * bits / 8, 16] uint8, scales sp and biases bp [P, K / group, 16] float16) holding n <= 16 P
+// outputs, for inputs of K values; otherwise invalid_argument naming `what`.
+void check_quantized(const mx::array& qp, const mx::array& sp, const mx::array& bp, int64_t n, int bits,
+                     int64_t group, int64_t K, const std::string& what) {
+  if (qp.dtype() != mx::uint8 || sp.dtype() != mx::float16 || bp.dtype() != mx::float16)
+    throw std::invalid_argument(what + ": uint8 codes, float16 scales and biases expected");
+  if (bits != 4 && bits != 8) throw std::invalid_argument(what + ": 4 or 8 bits");
+  if (group < 2 || group % 2 || K % group || qp.ndim() != 3 || qp.shape(2) != 16 || qp.shape(1) != K * bits / 8 ||
+      sp.shape() != mx::Shape{qp.shape(0), static_cast<int>(K / group), 16} || bp.shape() != sp.shape() || n < 0 ||
+      n > 16 * static_cast<int64_t>(qp.shape(0)))
+    throw std::invalid_argument(what + ": codes [P, K*bits/8, 16], scales and biases [P, K/group, 16] and "
+                                "n <= 16 P expected for inputs of K values");
+}
+
+// Weights (inputs from `first` on) are passed in row-contiguous (row_contiguous below); a primitive
+// reads them as such.
+void require_row_contiguous(const std::vector<mx::array>& inputs, size_t first, const char* what) {
+  for (size_t i = first; i < inputs.size(); ++i)
+    if (!inputs[i].flags().row_contiguous) throw std::runtime_error(std::string(what) + ": weights must be row-contiguous");
 }
 
 // The start of every primitive's eval_cpu here: allocate the output and register the arrays
 // with the stream's CPU encoder, which then dispatches the kernel after the ops before it.
-mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                    std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  for (auto& out : outputs) encoder.set_output_array(out);
   return encoder;
+}
+
+mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out) {
+  std::vector<mx::array> outputs{out};  // a copy of an array shares its data
+  return begin_eval(stream, inputs, outputs);
 }
 
 // An operand as a primitive here reads it: `a` itself where it is already evaluated and
@@ -196,8 +230,7 @@ class QuantizedPanelLinear : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(stream), n_(n), bits_(bits), group_(group), threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (size_t i = 1; i < inputs.size(); ++i)
-      if (!inputs[i].flags().row_contiguous) throw std::runtime_error("quantized_linear: weights must be row-contiguous");
+    require_row_contiguous(inputs, 1, "quantized_linear");
     const mx::array &x = inputs[0], &qp = inputs[1], &sp = inputs[2], &bp = inputs[3];
     auto& encoder = begin_eval(stream(), inputs, out);
     int64_t K = x.shape(-1), R = x.size() / K, P = qp.shape(0), N = n_, G = group_;
@@ -267,16 +300,8 @@ mx::array packed_linear(const mx::array& x, const mx::array& wp, int64_t n, int 
 // float16, holding n outputs (n <= 16 P).
 mx::array quantized_linear(const mx::array& x, const mx::array& qp, const mx::array& sp, const mx::array& bp,
                            int64_t n, int bits, int64_t group, int threads) {
-  if (x.dtype() != mx::float32 || qp.dtype() != mx::uint8 || sp.dtype() != mx::float16 ||
-      bp.dtype() != mx::float16)
-    throw std::invalid_argument("quantized_linear: float32 x, uint8 codes, float16 scales and biases expected");
-  if (bits != 4 && bits != 8) throw std::invalid_argument("quantized_linear: 4 or 8 bits");
-  int64_t K = x.ndim() ? x.shape(-1) : 0;
-  if (x.ndim() < 1 || group < 2 || group % 2 || K % group || qp.ndim() != 3 || qp.shape(2) != 16 ||
-      qp.shape(1) != K * bits / 8 || sp.shape() != mx::Shape{qp.shape(0), static_cast<int>(K / group), 16} ||
-      bp.shape() != sp.shape() || n < 0 || n > 16 * static_cast<int64_t>(qp.shape(0)))
-    throw std::invalid_argument("quantized_linear: x [..., K], codes [P, K*bits/8, 16], scales and biases "
-                                "[P, K/group, 16] and n <= 16 P expected");
+  if (x.dtype() != mx::float32 || x.ndim() < 1) throw std::invalid_argument("quantized_linear: float32 x [..., K] expected");
+  check_quantized(qp, sp, bp, n, bits, group, x.shape(-1), "quantized_linear");
   mx::Stream s = mx::to_stream(mx::Device::cpu);
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(n);
